@@ -1,0 +1,74 @@
+"""Self-checks for exercises and science claims.
+
+Each check prints ``✔ what`` when it holds and raises :class:`CheckFailed` with a
+message that says what was expected, what was found and where to look when it does
+not. Because they raise, a failing claim also fails the notebook under nbval.
+Lab-specific checks live in ``lab_utils.checks.<lab>``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class CheckFailed(AssertionError):
+    """A self-check did not hold; the message explains why."""
+
+
+def _as_array(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def passed(what: str, detail: str = "") -> None:
+    """Print the green line of a check that held."""
+    print(f"✔ {what}" + (f" ({detail})" if detail else ""))
+
+
+def fail(what: str, detail: str, hint: str = "") -> None:
+    """Raise :class:`CheckFailed` with a readable message."""
+    msg = f"✘ {what}: {detail}"
+    if hint:
+        msg += f"\n  Hint: {hint}"
+    raise CheckFailed(msg)
+
+
+def relative_error(actual: Any, expected: Any) -> float:
+    """‖actual − expected‖ / max(‖expected‖, tiny), over all elements."""
+    a, e = _as_array(actual), _as_array(expected)
+    return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), 1e-300))
+
+
+def close(actual: Any, expected: Any, *, what: str, rtol: float = 1e-5,
+          atol: float = 0.0, hint: str = "") -> float:
+    """Check that ``actual`` equals ``expected`` up to ``rtol`` (relative, as a whole)
+    or ``atol`` (absolute, element-wise). Returns the relative error."""
+    a, e = _as_array(actual), _as_array(expected)
+    if a.shape != e.shape:
+        fail(what, f"shape {a.shape} but expected {e.shape}", hint)
+    if not np.all(np.isfinite(a)):
+        fail(what, "contains NaN or inf", hint or "a step size that is too large diverges")
+    err = relative_error(a, e)
+    max_abs = float(np.max(np.abs(a - e))) if a.size else 0.0
+    if err <= rtol or (atol > 0 and max_abs <= atol):
+        passed(what, f"relative error {err:.1e}")
+        return err
+    fail(what, f"relative error {err:.2e} > {rtol:.0e} (largest difference {max_abs:.3g})", hint)
+    return err
+
+
+def that(condition: bool, *, what: str, detail: str = "", hint: str = "") -> None:
+    """Check a boolean claim; ``detail`` shows the measured numbers either way."""
+    if condition:
+        passed(what, detail)
+    else:
+        fail(what, detail or "does not hold", hint)
+
+
+def less(a: float, b: float, *, what: str, hint: str = "") -> None:
+    """Check ``a < b`` and show both numbers."""
+    that(bool(a < b), what=what, detail=f"{a:.4g} < {b:.4g}" if a < b else f"{a:.4g} ≥ {b:.4g}",
+         hint=hint)

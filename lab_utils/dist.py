@@ -1,0 +1,246 @@
+"""Launcher-agnostic data-parallel set-up and the collectives helpers built on it.
+
+One :func:`init` works under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``),
+``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_*``, MPICH/Intel's ``PMI_*``), ``horovodrun``
+(``HOROVOD_*``), Slurm's ``srun`` and a plain single process. It picks NCCL when the
+process has a GPU and Gloo otherwise, and gives every collective a timeout so a
+crashed or missing peer ends the job with an error instead of a hang.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import profile
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Who this process is in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    backend: str | None  # None for a single process without a process group
+    device: torch.device
+    launcher: str  # torchrun | mpirun | horovodrun | slurm | single
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """What the launcher told this process through its environment."""
+
+    launcher: str
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str | None
+    master_port: int | None
+    job_id: str
+
+
+def _int(env: dict[str, str], *names: str, default: int | None = None) -> int | None:
+    for name in names:
+        if env.get(name, "") != "":
+            return int(env[name])
+    return default
+
+
+def detect(env: dict[str, str] | None = None) -> LaunchEnv:
+    """Read rank, world size and rendezvous from whichever launcher started us."""
+    env = dict(os.environ if env is None else env)
+    addr = env.get("MASTER_ADDR")
+    port = _int(env, "MASTER_PORT")
+    if "HOROVOD_RANK" in env:
+        launcher = "horovodrun"
+        rank = _int(env, "HOROVOD_RANK")
+        size = _int(env, "HOROVOD_SIZE")
+        local_rank = _int(env, "HOROVOD_LOCAL_RANK", default=0)
+        local_size = _int(env, "HOROVOD_LOCAL_SIZE", default=size)
+        addr = addr or env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR")
+        job = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "") + env.get("PMIX_NAMESPACE", "")
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        launcher = "torchrun"
+        rank, size = _int(env, "RANK"), _int(env, "WORLD_SIZE")
+        local_rank = _int(env, "LOCAL_RANK", default=0)
+        local_size = _int(env, "LOCAL_WORLD_SIZE", default=size)
+        job = env.get("TORCHELASTIC_RUN_ID", "")
+    elif "OMPI_COMM_WORLD_RANK" in env:
+        launcher = "mpirun"
+        rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
+        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+        local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=size)
+        job = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE", "")
+    elif "PMI_RANK" in env:
+        launcher = "mpirun"
+        rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
+        local_rank = _int(env, "MPI_LOCALRANKID", default=0)
+        local_size = _int(env, "MPI_LOCALNRANKS", default=size)
+        job = env.get("PMI_JOBID", "") or env.get("PMIX_NAMESPACE", "")
+    elif "SLURM_PROCID" in env and _int(env, "SLURM_NTASKS", default=1) > 1:
+        launcher = "slurm"
+        rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
+        local_rank = _int(env, "SLURM_LOCALID", default=0)
+        local_size = _int(env, "SLURM_NTASKS_PER_NODE", default=size)
+        job = env.get("SLURM_JOB_ID", "") + "." + env.get("SLURM_STEP_ID", "")
+    else:
+        return LaunchEnv("single", 0, 1, 0, 1, addr, port, "")
+    if port is None and size > 1:
+        # No rendezvous given (e.g. a hand-typed ``mpirun``): every rank derives the
+        # same port from the job id, which is unique per job.
+        port = 20000 + zlib.crc32(job.encode()) % 30000
+    if addr is None and size > 1:
+        if local_size != size:
+            raise RuntimeError(
+                f"{launcher} started a multi-node job of {size} processes but MASTER_ADDR is "
+                "not set: export MASTER_ADDR=<host of rank 0> (and pass it to every rank, "
+                "e.g. `mpirun -x MASTER_ADDR`)."
+            )
+        addr = "127.0.0.1"
+    return LaunchEnv(launcher, rank, size, local_rank, local_size, addr, port, job)
+
+
+_info: DistInfo | None = None
+
+
+def default_timeout_s() -> float:
+    """Seconds a collective may wait (``$LABS_DIST_TIMEOUT``, default 120)."""
+    return float(os.environ.get("LABS_DIST_TIMEOUT") or DEFAULT_TIMEOUT_S)
+
+
+def init(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+    """Join the job (idempotent) and return who we are.
+
+    A single plain process gets a :class:`DistInfo` with ``world_size == 1`` and no
+    process group, so the same script runs with and without a launcher.
+    """
+    global _info
+    if _info is not None:
+        return _info
+    le = detect()
+    profile.configure_threads()
+    device = profile.device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if le.world_size == 1:
+        _info = DistInfo(0, 1, 0, 1, None, device, le.launcher)
+        return _info
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "gloo" and le.local_world_size == le.world_size:
+        # One machine: talk over loopback even where the default interface is odd
+        # (containers); multi-node jobs must set GLOO_SOCKET_IFNAME themselves.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("MASTER_ADDR", str(le.master_addr))
+    os.environ.setdefault("MASTER_PORT", str(le.master_port))
+    wait = timedelta(seconds=timeout_s or default_timeout_s())
+    try:
+        dist.init_process_group(backend, init_method="env://", rank=le.rank,
+                                world_size=le.world_size, timeout=wait)
+    except Exception as exc:
+        raise RuntimeError(
+            f"rank {le.rank}/{le.world_size} could not join the {backend} process group at "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} (launcher: {le.launcher}): "
+            f"{exc}. If the port is taken, set MASTER_PORT; if a peer never started, look "
+            "at its output above."
+        ) from exc
+    _info = DistInfo(le.rank, le.world_size, le.local_rank, le.local_world_size, backend,
+                     device, le.launcher)
+    return _info
+
+
+def info() -> DistInfo:
+    """The :class:`DistInfo` of this process (calls :func:`init` if needed)."""
+    return _info if _info is not None else init()
+
+
+def rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_initialized() else (_info.rank if _info else 0)
+
+
+def world_size() -> int:
+    """Number of processes in the job (1 without a process group)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_main() -> bool:
+    """True on rank 0: the only rank that prints progress and writes files."""
+    return rank() == 0
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """``print`` on rank 0 only, flushed at once so launched output stays in order."""
+    if is_main():
+        kwargs.setdefault("flush", True)
+        builtins.print(*args, **kwargs)
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op for a single process)."""
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _collective_device() -> torch.device:
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum of ``t`` over all ranks, as a new tensor on ``t``'s device."""
+    if not dist.is_initialized():
+        return t.clone()
+    buf = t.detach().to(_collective_device(), copy=True)
+    dist.all_reduce(buf, op=dist.ReduceOp.SUM)
+    return buf.to(t.device)
+
+
+def all_reduce_mean(t: torch.Tensor) -> torch.Tensor:
+    """Mean of ``t`` over all ranks."""
+    return all_reduce_sum(t) / world_size()
+
+
+def average(x: float) -> float:
+    """Mean of a Python number over all ranks."""
+    return float(all_reduce_mean(torch.tensor(float(x), dtype=torch.float64)))
+
+
+def average_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """Average every value of ``metrics`` over all ranks in one collective."""
+    keys = sorted(metrics)
+    if not keys:
+        return {}
+    values = all_reduce_mean(torch.tensor([float(metrics[k]) for k in keys], dtype=torch.float64))
+    return dict(zip(keys, values.tolist()))
+
+
+def shutdown() -> None:
+    """Leave the job cleanly: a barrier first (Gloo can abort at exit without it)."""
+    global _info
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    _info = None

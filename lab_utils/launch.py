@@ -1,0 +1,320 @@
+"""Run a script under ``torchrun``, ``horovodrun`` or ``mpirun`` from Python.
+
+From a notebook cell or a test::
+
+    result = launch.run("train_ddp.py", ["--epochs", "2"], nprocs=2, launcher="torchrun")
+    result.check()            # raises with the output's tail if the job failed
+    result.metrics            # the JSON-lines records rank 0 emitted
+
+Output is streamed live, one line at a time, tagged ``[rank N]``. The job runs
+under :mod:`lab_utils.reaper`, so a timeout, an interrupted cell (Ctrl-C / the
+stop button) or a crashed rank ends the whole process tree: nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import metrics as lmetrics
+
+LAUNCHERS = ("torchrun", "horovodrun", "mpirun", "python")
+
+# Rank tags as each launcher writes them: mpirun --tag-output "[1,0]<stdout>:",
+# horovodrun "[0]<stdout>:" (both may tag every write, not every line), and
+# torchrun --tee "[default0]:" at the start of each line.
+_SEGMENT_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
+_LINE_TAG = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")
+
+
+class LaunchError(RuntimeError):
+    """A launched job failed, timed out or was interrupted."""
+
+
+@dataclass
+class LaunchResult:
+    """What a launched job did, as seen from outside."""
+
+    command: list[str]
+    returncode: int
+    elapsed: float
+    timed_out: bool = False
+    interrupted: bool = False
+    lines: list[tuple[int | None, str]] = field(default_factory=list)
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    @property
+    def output(self) -> str:
+        """All output as text, each line tagged with its rank."""
+        return "\n".join(_format(r, t) for r, t in self.lines)
+
+    def rank_output(self, rank: int) -> str:
+        """The lines one rank printed."""
+        return "\n".join(t for r, t in self.lines if r == rank)
+
+    def check(self) -> LaunchResult:
+        """Return ``self`` if the job succeeded, else raise :class:`LaunchError`."""
+        if self.ok:
+            return self
+        why = (f"timed out after {self.elapsed:.0f}s" if self.timed_out
+               else f"exited with status {self.returncode}")
+        tail = "\n".join(_format(r, t) for r, t in self.lines[-40:])
+        raise LaunchError(f"{' '.join(self.command)}\n{why}. Last output:\n{tail}")
+
+
+def _format(rank: int | None, text: str) -> str:
+    return text if rank is None else f"[rank {rank}] {text}"
+
+
+class RankDemux:
+    """Reassemble per-rank lines from a launcher's tagged output stream."""
+
+    def __init__(self) -> None:
+        self._partial: dict[tuple[int | None, str], str] = {}
+        self._rest = ""
+        self._last_key: tuple[int | None, str] = (None, "stdout")
+
+    def feed(self, text: str) -> Iterator[tuple[int | None, str]]:
+        self._rest += text
+        # Hold back a trailing "[..." that may be the first half of a tag cut by a read.
+        cut = self._rest.rfind("[")
+        tail = self._rest[cut:] if cut != -1 else ""
+        if tail and "\n" not in tail and len(tail) < 24 and not _SEGMENT_TAG.search(tail):
+            chunk, self._rest = self._rest[:cut], tail
+        else:
+            chunk, self._rest = self._rest, ""
+        yield from self._split(chunk)
+
+    def flush(self) -> Iterator[tuple[int | None, str]]:
+        chunk, self._rest = self._rest, ""
+        yield from self._split(chunk)
+        for key, text in list(self._partial.items()):
+            if text:
+                yield key[0], text
+        self._partial.clear()
+        self._last_key = (None, "stdout")
+
+    def _split(self, chunk: str) -> Iterator[tuple[int | None, str]]:
+        pos = 0
+        for m in _SEGMENT_TAG.finditer(chunk):
+            yield from self._add(chunk[pos:m.start()])
+            self._last_key = (int(m.group(1)), m.group(2))
+            pos = m.end()
+        yield from self._add(chunk[pos:])
+
+    def _add(self, text: str) -> Iterator[tuple[int | None, str]]:
+        key = self._last_key
+        if not text:
+            return
+        if key[0] is not None and "\n" in text:
+            # A tag covers one line: what follows its newline is the launcher's own.
+            head, tail = text.split("\n", 1)
+            yield from self._emit(key, head + "\n")
+            self._last_key = (None, "stdout")
+            yield from self._add(tail)
+        else:
+            yield from self._emit(key, text)
+
+    def _emit(self, key: tuple[int | None, str], text: str) -> Iterator[tuple[int | None, str]]:
+        buf = self._partial.get(key, "") + text
+        *lines, rest = buf.split("\n")
+        self._partial[key] = rest
+        for line in lines:
+            rank = key[0]
+            m = _LINE_TAG.match(line) if rank is None else None
+            if m:
+                rank, line = int(m.group(1)), line[m.end():]
+            yield rank, line.rstrip("\r")
+
+
+def _bin(name: str) -> str:
+    """``name`` from this interpreter's environment first, then from ``PATH``."""
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if not found:
+        raise LaunchError(f"{name} is not installed (looked beside {sys.executable} and on PATH). "
+                          "Run `make setup`.")
+    return found
+
+
+def command(launcher: str, nprocs: int, script: str | os.PathLike, args: Sequence[str] = (),
+            launcher_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> list[str]:
+    """The command line that starts ``script`` with ``nprocs`` processes on this machine.
+
+    For ``mpirun``, the variables of ``env`` (default: ours) that the labs use are
+    forwarded with ``-x`` so they also reach ranks on other machines.
+    """
+    env = os.environ if env is None else env
+    script, args = str(script), [str(a) for a in args]
+    py = sys.executable
+    if launcher == "torchrun":
+        return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+                "--tee=3", *launcher_args, script, *args]
+    if launcher == "horovodrun":
+        return [_bin("horovodrun"), "-np", str(nprocs), "-H", f"localhost:{nprocs}", "--gloo",
+                *launcher_args, py, script, *args]
+    if launcher == "mpirun":
+        root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+        exported = []
+        for var in ("MASTER_ADDR", "MASTER_PORT", lmetrics.ENV_VAR, "LABS_PROFILE",
+                    "LABS_DIST_TIMEOUT", "OMP_NUM_THREADS", "PYTHONPATH", "LABS_DATA",
+                    "LABS_CACHE", "LABS_RUNS", "GLOO_SOCKET_IFNAME"):
+            if var in env:
+                exported += ["-x", var]
+        return [_bin("mpirun"), "-np", str(nprocs), *root, "--oversubscribe", "--bind-to", "none",
+                "--tag-output", *exported, *launcher_args, py, script, *args]
+    if launcher == "python":
+        if nprocs != 1:
+            raise ValueError("launcher 'python' runs a single process")
+        return [py, script, *args]
+    raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(launcher: str, env: Mapping[str, str] | None, threads_per_proc: int | None,
+            timeout: float) -> dict[str, str]:
+    """The environment a launched job gets: ours, plus rendezvous and limits."""
+    out = dict(os.environ)
+    out.update(env or {})
+    out.setdefault("PYTHONUNBUFFERED", "1")  # live output
+    if threads_per_proc is not None:
+        out["OMP_NUM_THREADS"] = str(threads_per_proc)
+    # Collectives give up a little before the launcher does, so the job can say why.
+    out.setdefault("LABS_DIST_TIMEOUT", str(max(5, min(120, int(timeout * 0.8)))))
+    if launcher == "mpirun":
+        out.setdefault("MASTER_ADDR", "127.0.0.1")
+        out.setdefault("MASTER_PORT", str(_free_port()))
+        out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        out.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        out.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    repo = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if repo not in paths:  # scripts import lab_utils even when run from elsewhere
+        out["PYTHONPATH"] = os.pathsep.join([repo, *paths])
+    return out
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Ask the supervisor to end the tree; force it if it does not."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
+        launcher: str = "torchrun", timeout: float = 300, env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike | None = None, echo: bool = True,
+        threads_per_proc: int | None = 1, launcher_args: Sequence[str] = ()) -> LaunchResult:
+    """Run ``script`` with ``nprocs`` processes under ``launcher`` and wait for it.
+
+    Args:
+        script: path of the Python script to run.
+        args: its command-line arguments.
+        nprocs: number of processes (ranks).
+        launcher: ``torchrun``, ``horovodrun``, ``mpirun`` or ``python`` (one process).
+        timeout: seconds before the whole job is killed (``result.timed_out``).
+        env: extra environment variables for the job.
+        cwd: working directory of the job.
+        echo: print each line live as ``[rank N] ...``.
+        threads_per_proc: ``OMP_NUM_THREADS`` for each rank (``None``: leave as is).
+        launcher_args: extra options for the launcher itself.
+
+    Returns a :class:`LaunchResult`; it does not raise when the job fails (call
+    ``.check()`` for that) but re-raises ``KeyboardInterrupt`` after cleaning up.
+    """
+    fd, metrics_file = tempfile.mkstemp(prefix="labs-metrics-", suffix=".jsonl")
+    os.close(fd)
+    job = job_env(launcher, env, threads_per_proc, timeout)
+    job[lmetrics.ENV_VAR] = metrics_file
+    cmd = command(launcher, nprocs, script, args, launcher_args, job)
+    result = LaunchResult(command=cmd, returncode=-1, elapsed=0.0)
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "lab_utils.reaper", "--", *cmd],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            cwd=cwd, env=job, start_new_session=True)
+    chunks: queue.Queue[bytes] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        while data := os.read(proc.stdout.fileno(), 65536):
+            chunks.put(data)
+        chunks.put(b"")
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    demux = RankDemux()
+
+    def take(lines: Iterator[tuple[int | None, str]]) -> None:
+        for rank, text in lines:
+            result.lines.append((rank, text))
+            if echo:
+                print(_format(rank, text), flush=True)
+
+    try:
+        done = False
+        while not done:
+            left = timeout - (time.perf_counter() - start)
+            if left <= 0:
+                result.timed_out = True
+                take(iter([(None, f"launch: timed out after {timeout:g}s; stopping every process")]))
+                _stop(proc)
+                break
+            try:
+                data = chunks.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            if data == b"":
+                done = True
+            else:
+                take(demux.feed(data.decode("utf-8", errors="replace")))
+    except KeyboardInterrupt:
+        result.interrupted = True
+        _stop(proc)
+        raise
+    finally:
+        _stop(proc)
+        reader.join(timeout=5)
+        while not chunks.empty():
+            data = chunks.get_nowait()
+            if data:
+                take(demux.feed(data.decode("utf-8", errors="replace")))
+        take(demux.flush())
+        result.returncode = proc.wait()
+        result.elapsed = time.perf_counter() - start
+        result.metrics = lmetrics.read(metrics_file)
+        with contextlib.suppress(OSError):
+            os.unlink(metrics_file)
+    return result
