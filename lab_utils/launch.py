@@ -157,21 +157,25 @@ def _bin(name: str) -> str:
 
 
 def command(launcher: str, nprocs: int, script: str | os.PathLike, args: Sequence[str] = (),
-            launcher_args: Sequence[str] = (), env: Mapping[str, str] | None = None) -> list[str]:
+            launcher_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
+            module: bool = False) -> list[str]:
     """The command line that starts ``script`` with ``nprocs`` processes on this machine.
+
+    With ``module=True``, ``script`` is a module name run as ``python -m script``.
 
     For ``mpirun``, the variables of ``env`` (default: ours) that the labs use are
     forwarded with ``-x`` so they also reach ranks on other machines.
     """
     env = os.environ if env is None else env
-    script, args = str(script), [str(a) for a in args]
+    args = [str(a) for a in args]
+    target = ["-m", str(script)] if module else [str(script)]
     py = sys.executable
     if launcher == "torchrun":
         return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
-                "--tee=3", *launcher_args, script, *args]
+                "--tee=3", *launcher_args, *target, *args]
     if launcher == "horovodrun":
         return [_bin("horovodrun"), "-np", str(nprocs), "-H", f"localhost:{nprocs}", "--gloo",
-                *launcher_args, py, script, *args]
+                *launcher_args, py, *target, *args]
     if launcher == "mpirun":
         root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
         exported = []
@@ -181,11 +185,11 @@ def command(launcher: str, nprocs: int, script: str | os.PathLike, args: Sequenc
             if var in env:
                 exported += ["-x", var]
         return [_bin("mpirun"), "-np", str(nprocs), *root, "--oversubscribe", "--bind-to", "none",
-                "--tag-output", *exported, *launcher_args, py, script, *args]
+                "--tag-output", *exported, *launcher_args, py, *target, *args]
     if launcher == "python":
         if nprocs != 1:
             raise ValueError("launcher 'python' runs a single process")
-        return [py, script, *args]
+        return [py, *target, *args]
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
 
 
@@ -237,7 +241,8 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
         launcher: str = "torchrun", timeout: float = 300, env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike | None = None, echo: bool = True,
-        threads_per_proc: int | None = 1, launcher_args: Sequence[str] = ()) -> LaunchResult:
+        threads_per_proc: int | None = 1, launcher_args: Sequence[str] = (),
+        module: bool = False) -> LaunchResult:
     """Run ``script`` with ``nprocs`` processes under ``launcher`` and wait for it.
 
     Args:
@@ -251,6 +256,7 @@ def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
         echo: print each line live as ``[rank N] ...``.
         threads_per_proc: ``OMP_NUM_THREADS`` for each rank (``None``: leave as is).
         launcher_args: extra options for the launcher itself.
+        module: ``script`` is a module name, run as ``python -m script``.
 
     Returns a :class:`LaunchResult`; it does not raise when the job fails (call
     ``.check()`` for that) but re-raises ``KeyboardInterrupt`` after cleaning up.
@@ -259,7 +265,7 @@ def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
     os.close(fd)
     job = job_env(launcher, env, threads_per_proc, timeout)
     job[lmetrics.ENV_VAR] = metrics_file
-    cmd = command(launcher, nprocs, script, args, launcher_args, job)
+    cmd = command(launcher, nprocs, script, args, launcher_args, job, module)
     result = LaunchResult(command=cmd, returncode=-1, elapsed=0.0)
     start = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-m", "lab_utils.reaper", "--", *cmd],

@@ -1,0 +1,146 @@
+"""Command-line trainer: a registry model on a dataset, one process or data-parallel.
+
+    lab-train --dataset fashion-mnist --arch fmnist_cnn --epochs 4 --checkpoint model.pt
+    torchrun --standalone --nproc-per-node 2 -m lab_utils.cli --dataset fashion-mnist
+    mpirun -np 2 python -m lab_utils.cli ...      horovodrun -np 2 python -m lab_utils.cli ...
+
+Under a launcher it joins the job through :func:`lab_utils.dist.init`, wraps the model
+in DistributedDataParallel, gives each rank its shard, scales the learning rate
+with the world size (with warm-up), and evaluates exactly on the whole test set.
+Defaults come from the run profile (``LABS_PROFILE`` or ``--profile``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from . import data, dist, models
+from . import profile as lprofile
+from .loader import TensorLoader
+from .train import Trainer
+
+# Per-profile defaults: (train subset, test subset, epochs).
+DEFAULTS = {
+    "quick": {"n_train": 2000, "n_test": 1000, "epochs": 1},
+    "cpu": {"n_train": None, "n_test": None, "epochs": 4},
+    "gpu": {"n_train": None, "n_test": None, "epochs": 10},
+}
+DEFAULT_ARCH = {"fashion-mnist": "fmnist_cnn", "cifar10": "resnet_cifar",
+                "synthetic-cifar10": "resnet_cifar"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="lab-train", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="fashion-mnist",
+                   choices=["fashion-mnist", "cifar10", "synthetic-cifar10"])
+    p.add_argument("--data-root", default=None, help="folder holding the dataset files")
+    p.add_argument("--arch", default=None, help=f"registry model (default per dataset: {DEFAULT_ARCH})")
+    p.add_argument("--width", type=int, default=None, help="model width (channels), if it has one")
+    p.add_argument("--profile", default=None, choices=list(lprofile.PROFILES))
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=128, help="per process")
+    p.add_argument("--lr", type=float, default=0.05, help="for one process; scaled by world size")
+    p.add_argument("--no-lr-scaling", action="store_true", help="keep --lr as given")
+    p.add_argument("--warmup-epochs", type=float, default=0.5)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--weight-decay", type=float, default=5e-4)
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
+                   help="random crop + flip (default: on for CIFAR-10)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--n-train", type=int, default=None, help="use a subset of the training set")
+    p.add_argument("--n-test", type=int, default=None)
+    p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default="checkpoint.pt", help="final model {arch, kwargs, state_dict}")
+    p.add_argument("--resume", default=None, help="resume from a --save-every checkpoint")
+    p.add_argument("--save-every", default=None, help="resumable checkpoint path, written each epoch")
+    p.add_argument("--metrics", default=None, help="JSON-lines metrics file")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    return p.parse_args(argv)
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int):
+    """LR factor: linear warm-up from ~0 to 1, then cosine decay to 0."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+    return factor
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    prof = lprofile.current(args.profile)
+    info = dist.init()
+    defaults = DEFAULTS[prof.name]
+    epochs = args.epochs or defaults["epochs"]
+    torch.manual_seed(args.seed)
+
+    ds = data.load(args.dataset, root=args.data_root)
+    ds = ds.subset(n_train=args.n_train or defaults["n_train"],
+                   n_test=args.n_test or defaults["n_test"], seed=args.seed)
+    arch = args.arch or DEFAULT_ARCH[args.dataset]
+    kwargs = {"in_channels": ds.x_train.shape[1], "num_classes": len(ds.classes)}
+    if args.width is not None:
+        kwargs["width"] = args.width
+    model = models.build(arch, **kwargs).to(info.device)
+    augment = args.augment if args.augment is not None else args.dataset != "fashion-mnist"
+
+    train_loader = TensorLoader.from_dataset(ds, "train", args.batch_size, shuffle=True,
+                                             seed=args.seed, rank=info.rank,
+                                             world_size=info.world_size, augment=augment,
+                                             drop_last=True, device=info.device)
+    test_loader = TensorLoader.from_dataset(ds, "test", 1024, shuffle=False, rank=info.rank,
+                                            world_size=info.world_size, even_shards=False,
+                                            device=info.device)
+    lr = args.lr if args.no_lr_scaling else args.lr * info.world_size
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
+                                nesterov=args.momentum > 0, weight_decay=args.weight_decay)
+    steps = epochs * len(train_loader)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, warmup_cosine(steps, max(1, int(args.warmup_epochs * len(train_loader)))))
+    net = DDP(model) if info.distributed else model
+    trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
+                      progress=args.progress, metrics_path=args.metrics,
+                      checkpoint_path=args.save_every,
+                      loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
+                      autocast_dtype=torch.bfloat16 if args.bf16 else None)
+    if args.resume:
+        trainer.load_checkpoint(args.resume)
+    dist.print0(f"{prof} | {info.launcher} world_size={info.world_size} | {ds.name}: "
+                f"{len(ds.x_train)} train / {len(ds.x_test)} test | {arch} | "
+                f"batch {args.batch_size}x{info.world_size} lr {lr:g} | {epochs} epochs")
+    start = time.perf_counter()
+    trainer.fit(train_loader, epochs)
+    result = trainer.evaluate(test_loader)
+    seconds = time.perf_counter() - start
+    dist.print0(f"test accuracy {result['acc']:.2%} (loss {result['loss']:.4f}, "
+                f"{result['n']} images) after {trainer.epoch} epochs in {seconds:.1f}s")
+    if info.is_main:
+        from . import metrics
+
+        metrics.emit({"event": "final", "test_acc": result["acc"], "test_loss": result["loss"],
+                      "seconds": seconds, "epochs": trainer.epoch, "world_size": info.world_size},
+                     args.metrics)
+        if args.checkpoint:
+            Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+            models.save(args.checkpoint, model, test_acc=result["acc"], epochs=trainer.epoch)
+            print(f"saved {args.checkpoint}", flush=True)
+    dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

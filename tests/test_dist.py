@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from lab_utils import dist
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, ("single", 0, 1, 0)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+          "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, ("torchrun", 1, 2, 1)),
+        ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+          "OMPI_MCA_ess_base_jobid": "123"}, ("mpirun", 3, 4, 1)),
+        ({"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "3"},
+         ("mpirun", 2, 3, 2)),
+        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
+          "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+          "HOROVOD_GLOO_RENDEZVOUS_PORT": "4567"}, ("horovodrun", 1, 2, 1)),
+        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
+          "SLURM_NTASKS_PER_NODE": "8"}, ("slurm", 5, 8, 1)),
+    ],
+)
+def test_detect_each_launcher(env, expected):
+    le = dist.detect(env)
+    assert (le.launcher, le.rank, le.world_size, le.local_rank) == expected
+    if le.world_size > 1:
+        assert le.master_addr and le.master_port
+
+
+def test_mpirun_without_rendezvous_derives_the_same_port_on_every_rank():
+    base = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_MCA_ess_base_jobid": "987"}
+    ports = {dist.detect({**base, "OMPI_COMM_WORLD_RANK": str(r)}).master_port for r in (0, 1)}
+    assert len(ports) == 1
+    assert 20000 <= ports.pop() < 50000
+    other = dist.detect({**base, "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_ess_base_jobid": "988"})
+    assert other.master_addr == "127.0.0.1"
+
+
+def test_multi_node_without_master_addr_is_a_clear_error():
+    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    with pytest.raises(RuntimeError, match="MASTER_ADDR"):
+        dist.detect(env)
+
+
+def test_single_process_needs_no_process_group(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK",
+                "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    info = dist.init()
+    try:
+        assert (info.rank, info.world_size, info.backend, info.launcher) == (0, 1, None, "single")
+        assert dist.is_main() and dist.world_size() == 1
+        t = torch.tensor([1.0, 2.0])
+        assert torch.equal(dist.all_reduce_sum(t), t)
+        assert dist.average(3.0) == 3.0
+        assert dist.average_metrics({"a": 1.0, "b": 2.0}) == {"a": 1.0, "b": 2.0}
+        dist.barrier()
+    finally:
+        dist.shutdown()

@@ -1,0 +1,68 @@
+import numpy as np
+import pytest
+
+from lab_utils import checks
+from lab_utils.exercises import ExerciseNotDone, exercise, reference
+
+
+def test_unfinished_exercise_says_what_to_do(monkeypatch):
+    monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
+
+    @exercise("lab1.anything")
+    def todo(x):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="lab1.anything.*not done yet"):
+        todo(1)
+
+
+def test_student_solution_is_used_without_the_switch(monkeypatch):
+    monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
+
+    @exercise("lab1.anything")
+    def mine(x):
+        return x + 1
+
+    assert mine(1) == 2
+
+
+def test_reference_replaces_the_stub_with_the_switch(monkeypatch, tmp_path):
+    monkeypatch.setenv("LABS_SOLUTIONS", "1")
+    pkg = tmp_path / "lab_utils_solutions_probe"
+    pkg.mkdir()
+    import lab_utils.solutions as sol
+
+    monkeypatch.setattr(sol, "__path__", [*sol.__path__, str(pkg)])
+    (pkg / "labx.py").write_text("def double(x):\n    return 2 * x\n")
+
+    @exercise("labx.double")
+    def double(x):
+        raise NotImplementedError
+
+    assert double(4) == 8
+    with pytest.raises(KeyError, match="no reference solution"):
+        reference("labx.missing")
+    with pytest.raises(ValueError):
+        reference("nodot")
+
+
+def test_close_passes_and_fails_with_a_message(capsys):
+    err = checks.close(np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-9]), what="β", rtol=1e-6)
+    assert err < 1e-6
+    assert "✔ β" in capsys.readouterr().out
+    with pytest.raises(checks.CheckFailed, match="relative error .* > 1e-06") as info:
+        checks.close([1.0, 2.5], [1.0, 2.0], what="β", rtol=1e-6, hint="check the sign")
+    assert "check the sign" in str(info.value)
+    with pytest.raises(checks.CheckFailed, match="shape"):
+        checks.close([1.0], [1.0, 2.0], what="β")
+    with pytest.raises(checks.CheckFailed, match="NaN"):
+        checks.close([np.nan], [1.0], what="β")
+
+
+def test_that_and_less():
+    checks.that(True, what="holds")
+    checks.less(1.0, 2.0, what="smaller")
+    with pytest.raises(checks.CheckFailed, match="does not hold"):
+        checks.that(False, what="claim")
+    with pytest.raises(checks.CheckFailed, match="3 ≥ 2"):
+        checks.less(3.0, 2.0, what="smaller")

@@ -1,0 +1,123 @@
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import JOBS, REPO, processes_matching
+
+from lab_utils import launch
+
+pytestmark = pytest.mark.launcher
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "horovodrun", "mpirun"])
+def test_two_processes_all_reduce_the_same_result(launcher):
+    result = launch.run(JOBS / "allreduce.py", nprocs=2, launcher=launcher, timeout=120,
+                        echo=False)
+    result.check()
+    # Ranks contribute 1 and 2: every launcher must give 3 and a world of 2.
+    assert result.metrics == [{"sum": 3.0, "world_size": 2, "launcher": launcher}]
+    for rank in (0, 1):
+        assert f"rank {rank}/2 launcher={launcher} sum=3" in result.rank_output(rank)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+def test_a_crashing_rank_ends_the_job_with_its_error(launcher):
+    timeout = 90
+    result = launch.run(JOBS / "crash_rank1.py", nprocs=2, launcher=launcher, timeout=timeout,
+                        echo=False)
+    assert not result.ok and not result.timed_out
+    assert result.returncode != 0
+    assert result.elapsed < timeout
+    assert "rank 1 failed on purpose" in result.rank_output(1)
+    assert processes_matching(str(JOBS / "crash_rank1.py")) == []
+    with pytest.raises(launch.LaunchError, match="exited with status"):
+        result.check()
+
+
+def test_horovodrun_crash_is_reported_too():
+    result = launch.run(JOBS / "crash_rank1.py", nprocs=2, launcher="horovodrun", timeout=90,
+                        echo=False)
+    assert not result.ok and not result.timed_out
+    assert "rank 1 failed on purpose" in result.output
+    assert processes_matching(str(JOBS / "crash_rank1.py")) == []
+
+
+def test_timeout_kills_the_whole_tree():
+    result = launch.run(JOBS / "hang.py", nprocs=2, launcher="torchrun", timeout=8, echo=False)
+    assert result.timed_out and not result.ok
+    assert result.elapsed < 8 + 15
+    assert "timed out" in result.output
+    assert processes_matching(str(JOBS / "hang.py")) == []
+    with pytest.raises(launch.LaunchError, match="timed out"):
+        result.check()
+
+
+def test_interrupt_leaves_no_process_behind():
+    marker = "hang.py"
+    code = textwrap.dedent(f"""
+        from lab_utils import launch
+        try:
+            launch.run({str(JOBS / marker)!r}, nprocs=2, launcher="mpirun", timeout=120,
+                       echo=False)
+        except KeyboardInterrupt:
+            print("interrupted cleanly", flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        workers = [p for p in processes_matching(str(JOBS / marker))
+                   if "mpirun" not in " ".join(p.cmdline())
+                   and "lab_utils.reaper" not in p.cmdline() and "-c" not in p.cmdline()]
+        if len(workers) >= 2:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("the job's workers never started")
+    proc.send_signal(signal.SIGINT)  # what Jupyter's stop button does
+    out, _ = proc.communicate(timeout=60)
+    assert "interrupted cleanly" in out
+    assert processes_matching(str(JOBS / marker)) == []
+
+
+def test_unknown_launcher_and_missing_binary_are_clear_errors(monkeypatch):
+    with pytest.raises(ValueError, match="unknown launcher"):
+        launch.command("srun", 2, "x.py")
+    with pytest.raises(ValueError, match="single process"):
+        launch.command("python", 2, "x.py")
+    monkeypatch.setattr(launch, "sys", type("S", (), {"executable": "/nonexistent/python"}))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(launch.LaunchError, match="mpirun is not installed"):
+        launch.command("mpirun", 2, "x.py")
+
+
+def test_command_forms():
+    torchrun = launch.command("torchrun", 2, "train.py", ["--epochs", "1"])
+    assert torchrun[1:4] == ["-m", "torch.distributed.run", "--standalone"]
+    assert torchrun[-3:] == ["train.py", "--epochs", "1"]
+    module = launch.command("python", 1, "lab_utils.cli", ["--help"], module=True)
+    assert module[1:] == ["-m", "lab_utils.cli", "--help"]
+    mpi = launch.command("mpirun", 4, "train.py", env={"MASTER_PORT": "1234"})
+    assert "--oversubscribe" in mpi and ["-x", "MASTER_PORT"] == mpi[mpi.index("-x"):][:2]
+
+
+@pytest.mark.parametrize("step", [1, 5, 64])
+def test_rank_demux_reassembles_split_writes(step):
+    stream = ("[1,0]<stdout>:hello [1,0]<stdout>:world[1,0]<stdout>:\n"
+              "[1,1]<stdout>:half [1,1]<stderr>:an error\n"
+              "[1,1]<stdout>:line\n"
+              "launcher message\n"
+              "[default0]:torchrun line\n"
+              "[1]<stdout>:horovod line\n")
+    demux = launch.RankDemux()
+    got = []
+    for i in range(0, len(stream), step):
+        got += list(demux.feed(stream[i:i + step]))
+    got += list(demux.flush())
+    assert got == [(0, "hello world"), (1, "an error"), (1, "half line"),
+                   (None, "launcher message"), (0, "torchrun line"), (1, "horovod line")]
