@@ -236,14 +236,14 @@ class Trainer:
             if not last_micro:
                 continue
             micro = 0
+            step_lrs.append(self.optimizer.param_groups[0]["lr"])  # the LR this step used
             self._optimizer_step()
             step_losses.append(loss.detach())
-            step_lrs.append(self.optimizer.param_groups[0]["lr"])
             self._call("on_batch_end", self.step, loss.detach())
             if bar is not None:
                 bar.update(1)
             if self.step % self.sync_every == 0:
-                self._check_finite(loss)
+                self._check_finite(loss.detach())
                 self._agree_to_stop()
                 if bar is not None:
                     bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss.item():.4f}")
