@@ -7,6 +7,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
+
+# pytest-xdist runs two workers on two cores: one thread each, or they fight.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
