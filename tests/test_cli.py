@@ -1,0 +1,37 @@
+"""The command-line trainer, in one process and under each launcher."""
+
+import pytest
+
+from lab_utils import cli, launch, models
+
+TINY = ["--dataset", "fashion-mnist", "--n-train", "512", "--n-test", "300", "--epochs", "1",
+        "--batch-size", "32", "--profile", "quick"]
+
+
+def test_single_process_trains_and_saves_a_rebuildable_checkpoint(tmp_path, capsys):
+    ck = tmp_path / "model.pt"
+    assert cli.main([*TINY, "--checkpoint", str(ck), "--metrics", str(tmp_path / "m.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "test accuracy" in out and "300 images" in out
+    model = models.load(ck)
+    assert model.arch_spec["arch"] == "fmnist_cnn"
+    ckpt = models.read_checkpoint(ck)
+    assert 0.3 < ckpt["test_acc"] <= 1.0  # well above chance (0.1) after one short epoch
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "horovodrun"])
+def test_under_each_launcher(tmp_path, launcher):
+    ck = tmp_path / "model.pt"
+    result = launch.run("lab_utils.cli", [*TINY, "--checkpoint", str(ck)], module=True,
+                        nprocs=2, launcher=launcher, timeout=180, echo=False).check()
+    final = [m for m in result.metrics if m.get("event") == "final"]
+    assert len(final) == 1 and final[0]["world_size"] == 2
+    assert "world_size=2" in result.rank_output(0)
+    assert "test accuracy" not in result.rank_output(1)  # only rank 0 reports
+    assert models.load(ck).arch_spec["arch"] == "fmnist_cnn"
+
+
+def test_bad_dataset_is_rejected():
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--dataset", "imagenet"])
