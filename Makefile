@@ -1,0 +1,98 @@
+# Entry points of the lab suite. `make lab` and `make test` are all most people need.
+# Each target that runs something first runs scripts/setup.sh, which skips what is
+# already done (a few seconds once everything is installed).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV := .venv
+PY := $(VENV)/bin/python
+
+ARGS ?=
+SUBMISSION ?=
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+TEST_TIMEOUT ?= 600
+TEST_WORKERS ?= 2
+TEST_RESULTS := .pytest_cache/make-test-junit.xml
+# One closing line with the counts from pytest's JUnit report.
+TEST_SUMMARY := import sys, xml.etree.ElementTree as ET; \
+    root = ET.parse(sys.argv[1]).getroot(); \
+    suite = root if root.tag == "testsuite" else root[0]; \
+    t, f, e, s = (int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")); \
+    print(f"summary: {t - f - e - s} passed, {f + e} failed, {s} skipped")
+
+# Jupyter refuses to run as root unless asked to (containers, CI machines).
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+
+RUN_TARGETS := lab test grade bench science
+
+# OpenMPI refuses to start as root without these two, and to start more ranks
+# than there are cores without oversubscription (2-process labs on small machines).
+$(RUN_TARGETS): export OMPI_ALLOW_RUN_AS_ROOT ?= 1
+$(RUN_TARGETS): export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM ?= 1
+$(RUN_TARGETS): export OMPI_MCA_rmaps_base_oversubscribe ?= 1
+# The tests run every process on this one machine, so Gloo may use the loopback
+# interface (containers often have no interface Gloo can guess). Not a default
+# elsewhere: processes on several machines must use a real network interface.
+test: export GLOO_SOCKET_IFNAME ?= lo
+
+.PHONY: help setup lab test grade submission-given bench science lint clean distclean
+
+help:
+	@echo "make lab        set everything up, then start JupyterLab on labs/ (LAB_ARGS='--ip 0.0.0.0 ...')"
+	@echo "make test       set everything up, then run the whole test suite (PYTEST_ARGS='-k ...')"
+	@echo "make setup      system packages, .venv, PyTorch, lab_utils, Horovod (scripts/setup.sh)"
+	@echo "make grade      grade an assessment submission: make grade SUBMISSION=path/to/train.py"
+	@echo "make bench      run the performance harness (ARGS='...' passed to python -m benchmarks)"
+	@echo "make science    run the Lab 3 experiments behind its claims"
+	@echo "make lint       ruff check"
+	@echo "make clean      remove caches and build outputs; make distclean also removes .venv and runs/"
+
+setup:
+	@bash scripts/setup.sh
+
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
+
+# pytest's exit codes: 1 tests failed, 2 interrupted, 3 internal error,
+# 4 usage error, 5 no tests collected. Every non-zero code fails the target.
+test: setup
+	@rm -f $(TEST_RESULTS)
+	@echo "make test: LABS_PROFILE=quick LABS_SOLUTIONS=1 pytest on tests/ and labs/ ($(TEST_WORKERS) workers, $(TEST_TIMEOUT) s per test)"
+	@rc=0; \
+	LABS_PROFILE=quick LABS_SOLUTIONS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope \
+	    --nbval-lax --nbval-current-env --timeout $(TEST_TIMEOUT) \
+	    --junitxml=$(TEST_RESULTS) $(PYTEST_ARGS) tests labs || rc=$$?; \
+	case $$rc in \
+	    0) ;; \
+	    1) echo "make test: FAILED: some tests failed (details above)" ;; \
+	    5) echo "make test: FAILED: pytest collected no tests" ;; \
+	    *) echo "make test: FAILED: pytest stopped with exit code $$rc (2 interrupted, 3 internal error, 4 usage error)" ;; \
+	esac; \
+	[[ -f $(TEST_RESULTS) ]] && $(PY) -c '$(TEST_SUMMARY)' $(TEST_RESULTS); \
+	exit $$rc
+
+grade: submission-given setup
+	$(VENV)/bin/lab-grade "$(SUBMISSION)" $(ARGS)
+
+submission-given:
+	@test -n "$(SUBMISSION)" || { echo "usage: make grade SUBMISSION=path/to/train.py [ARGS='...']" >&2; exit 2; }
+
+bench: setup
+	$(PY) -m benchmarks $(ARGS)
+
+science: setup
+	$(PY) labs/lab3_large_batch/science.py $(ARGS)
+
+# Needs only ruff, so a missing .venv is made without building Horovod.
+lint:
+	@test -x $(VENV)/bin/ruff || LABS_SKIP_HOROVOD=1 bash scripts/setup.sh
+	$(VENV)/bin/ruff check .
+
+clean:
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +
+	rm -rf .pytest_cache .ruff_cache build dist *.egg-info benchmarks/results
+
+distclean: clean
+	rm -rf $(VENV) runs

@@ -1,0 +1,227 @@
+"""The set-up files agree with each other and parse.
+
+scripts/setup.sh owns the list of Debian packages and scripts/build_horovod.sh the
+Horovod build flags; the Dockerfile and environment.yml must say the same.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SETUP_SH = ROOT / "scripts" / "setup.sh"
+BUILD_HOROVOD_SH = ROOT / "scripts" / "build_horovod.sh"
+CI_RUN = ROOT / ".ci" / "run"
+DOCKERFILE = ROOT / "Dockerfile"
+ENVIRONMENT_YML = ROOT / "environment.yml"
+MAKEFILE = ROOT / "Makefile"
+
+# What each Debian package of setup.sh is called on conda-forge (None: nothing to
+# install there, e.g. Fashion-MNIST, which lab_utils.data downloads instead).
+CONDA_NAME_OF_APT_PACKAGE = {
+    "openmpi-bin": "openmpi",
+    "libopenmpi-dev": "openmpi-mpicxx",
+    "dataset-fashion-mnist": None,
+    "make": "make",
+    "cmake": "cmake",
+    "g++": "cxx-compiler",
+}
+
+HOROVOD_FLAG = re.compile(r"\b(HOROVOD_[A-Z_]+)=(\S+)")
+
+
+def shell_variable(path: Path, name: str) -> str:
+    """The value of a one-line `NAME="..."` assignment in a shell script."""
+    match = re.search(rf'^{name}="([^"]*)"$', path.read_text(), re.MULTILINE)
+    assert match, f'{path.name} has no line {name}="..."'
+    return match.group(1)
+
+
+def shell_array(path: Path, name: str) -> list[str]:
+    """The words of a `NAME=( ... )` array assignment in a shell script."""
+    match = re.search(rf"^{name}=\((.*?)\)$", path.read_text(), re.MULTILINE | re.DOTALL)
+    assert match, f"{path.name} has no array {name}=( ... )"
+    return shlex.split(match.group(1), comments=True)
+
+
+def apt_packages() -> list[str]:
+    packages = shell_variable(SETUP_SH, "APT_PACKAGES").split()
+    assert packages, "APT_PACKAGES in setup.sh is empty"
+    return packages
+
+
+def horovod_build_flags() -> dict[str, str]:
+    flags = dict(
+        word.split("=", 1) for word in shell_array(BUILD_HOROVOD_SH, "HOROVOD_BUILD_FLAGS")
+    )
+    assert flags, "HOROVOD_BUILD_FLAGS in build_horovod.sh is empty"
+    return flags
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    lines = [
+        line for line in DOCKERFILE.read_text().splitlines() if not line.lstrip().startswith("#")
+    ]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    instructions = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, arguments = line.strip().partition(" ")
+            instructions.append((keyword.upper(), arguments.strip()))
+    return instructions
+
+
+def environment() -> dict:
+    data = yaml.safe_load(ENVIRONMENT_YML.read_text())
+    assert isinstance(data, dict) and data.get("dependencies"), (
+        "environment.yml has no dependencies"
+    )
+    return data
+
+
+def conda_packages(env: dict) -> set[str]:
+    """Package names (version specs stripped) of the conda part of environment.yml."""
+    names = set()
+    for entry in env["dependencies"]:
+        if isinstance(entry, str):
+            names.add(re.split(r"[=<>!~ ]", entry, maxsplit=1)[0])
+    return names
+
+
+@pytest.mark.parametrize("script", [SETUP_SH, BUILD_HOROVOD_SH, CI_RUN], ids=lambda p: p.name)
+def test_shell_script_syntax(script: Path) -> None:
+    result = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, f"bash -n {script.name}: {result.stderr}"
+
+
+def test_ci_runs_make_test() -> None:
+    commands = [
+        line.strip()
+        for line in CI_RUN.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    assert commands[0] in ("set -euo pipefail", "set -eu"), ".ci/run must stop on the first error"
+    assert re.fullmatch(r"exec make test( </dev/null)?", commands[-1]), (
+        f".ci/run must end by running `make test`, not {commands[-1]!r}"
+    )
+
+
+def test_make_test_runs_the_whole_suite_and_keeps_failures() -> None:
+    recipe = MAKEFILE.read_text().split("\ntest: setup\n", 1)
+    assert len(recipe) == 2, "Makefile has no `test: setup` target"
+    body = recipe[1].split("\n\n", 1)[0]
+    for part in (
+        "LABS_PROFILE=quick",
+        "LABS_SOLUTIONS=1",
+        "-m pytest",
+        "--nbval-lax",
+        "--nbval-current-env",
+        "--timeout",
+        "--dist loadscope",
+        "tests labs",
+    ):
+        assert part in body, f"make test does not pass {part!r}"
+    assert "exit $$rc" in body, "make test must exit with pytest's code (5 = no tests is a failure)"
+
+
+def test_dockerfile_base_is_a_pinned_ngc_pytorch_image() -> None:
+    froms = [args for keyword, args in dockerfile_instructions() if keyword == "FROM"]
+    assert len(froms) == 1, f"expected one FROM, found {froms}"
+    image = froms[0].split()[0]
+    assert re.fullmatch(r"nvcr\.io/nvidia/pytorch:\d{2}\.\d{2}-py3", image), (
+        f"FROM {image}: pin an NGC PyTorch release tag such as nvcr.io/nvidia/pytorch:24.10-py3"
+    )
+
+
+def test_dockerfile_serves_jupyterlab_on_8888() -> None:
+    instructions = dockerfile_instructions()
+    assert ("EXPOSE", "8888") in instructions
+    cmds = [args for keyword, args in instructions if keyword == "CMD"]
+    assert len(cmds) == 1, "the Dockerfile needs exactly one CMD"
+    cmd = yaml.safe_load(cmds[0])  # the exec form is a JSON array
+    assert isinstance(cmd, list) and cmd[:2] == ["jupyter", "lab"], f"CMD {cmds[0]}"
+    for option in ("--ip=0.0.0.0", "--port=8888", "--allow-root", "--notebook-dir=labs"):
+        assert option in cmd, f"CMD lacks {option}"
+
+
+def test_dockerfile_installs_the_setup_packages() -> None:
+    installed: set[str] = set()
+    for keyword, args in dockerfile_instructions():
+        if keyword == "RUN":
+            for command in re.findall(r"apt-get install ([^&;]*)", args):
+                installed.update(word for word in command.split() if not word.startswith("-"))
+    missing = set(apt_packages()) - installed
+    assert not missing, f"the Dockerfile does not apt-get install {sorted(missing)} (see setup.sh)"
+
+
+def test_dockerfile_builds_horovod_with_nccl_through_the_script() -> None:
+    runs = [args for keyword, args in dockerfile_instructions() if keyword == "RUN"]
+    builds = [run for run in runs if "scripts/build_horovod.sh" in run]
+    assert builds, "the Dockerfile must build Horovod with scripts/build_horovod.sh"
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in builds[0], "the image must build Horovod with NCCL"
+
+
+def test_dockerfile_keeps_the_pip_constraints_and_torch() -> None:
+    envs = [args for keyword, args in dockerfile_instructions() if keyword == "ENV"]
+    constraint = [env for env in envs if env.startswith("PIP_CONSTRAINT=")]
+    assert constraint and "${PIP_CONSTRAINT}" in constraint[0], (
+        "PIP_CONSTRAINT must keep the base image's constraints file (NGC >= 25.03)"
+    )
+    installs = [
+        args
+        for keyword, args in dockerfile_instructions()
+        if keyword == "RUN" and "-e '.[lab]'" in args
+    ]
+    assert installs, "the Dockerfile must pip install -e '.[lab]'"
+
+
+@pytest.mark.parametrize("path", [DOCKERFILE, ENVIRONMENT_YML], ids=lambda p: p.name)
+def test_horovod_flags_match_the_build_script(path: Path) -> None:
+    expected = horovod_build_flags()
+    mentioned = dict(HOROVOD_FLAG.findall(path.read_text()))
+    gpu_operations = mentioned.pop("HOROVOD_GPU_OPERATIONS", "NCCL")
+    assert gpu_operations == "NCCL", f"{path.name}: HOROVOD_GPU_OPERATIONS={gpu_operations}"
+    wrong = {name: value for name, value in mentioned.items() if expected.get(name) != value}
+    assert not wrong, f"{path.name} names Horovod flags that build_horovod.sh does not set: {wrong}"
+
+
+def test_environment_documents_every_horovod_flag() -> None:
+    documented = dict(HOROVOD_FLAG.findall(ENVIRONMENT_YML.read_text()))
+    missing = {
+        name: value
+        for name, value in horovod_build_flags().items()
+        if documented.get(name) != value
+    }
+    assert not missing, f"environment.yml does not document {missing}"
+    assert "scripts/build_horovod.sh" in ENVIRONMENT_YML.read_text()
+
+
+def test_environment_has_the_lab_stack_and_the_package() -> None:
+    env = environment()
+    names = conda_packages(env)
+    wanted = {"python", "pytorch", "jupyterlab", "ipywidgets", "matplotlib", "nbval", "tqdm", "pip"}
+    assert wanted <= names, f"environment.yml lacks {sorted(wanted - names)}"
+    assert "python=3.11" in env["dependencies"]
+    pip_sections = [entry["pip"] for entry in env["dependencies"] if isinstance(entry, dict)]
+    assert pip_sections and "-e .[dev]" in pip_sections[0], (
+        "environment.yml must pip install -e .[dev]"
+    )
+
+
+def test_environment_covers_the_setup_packages() -> None:
+    unknown = set(apt_packages()) - CONDA_NAME_OF_APT_PACKAGE.keys()
+    assert not unknown, f"say in this test what {sorted(unknown)} are called on conda-forge"
+    names = conda_packages(environment())
+    missing = {
+        apt: conda
+        for apt, conda in CONDA_NAME_OF_APT_PACKAGE.items()
+        if apt in apt_packages() and conda is not None and conda not in names
+    }
+    assert not missing, f"environment.yml lacks the conda packages for {missing}"
