@@ -284,9 +284,9 @@ class Trainer:
         if self.max_seconds is not None and wall >= self.max_seconds and not self.stop_training:
             self.stop_training, self.stop_reason = True, f"time budget of {self.max_seconds:g}s spent"
         flag = torch.tensor([1.0 if self.stop_training else 0.0], dtype=torch.float64)
-        if ldist.world_size() > 1 and ldist.all_reduce_sum(flag).item() > 0:
-            if not self.stop_training:
-                self.stop_training, self.stop_reason = True, "another rank stopped"
+        others = ldist.world_size() > 1 and ldist.all_reduce_sum(flag).item() > 0
+        if others and not self.stop_training:
+            self.stop_training, self.stop_reason = True, "another rank stopped"
 
     def _check_finite(self, value: torch.Tensor) -> None:
         bad = torch.tensor([0.0 if math.isfinite(float(value)) else 1.0], dtype=torch.float64)

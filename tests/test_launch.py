@@ -103,7 +103,7 @@ def test_command_forms():
     module = launch.command("python", 1, "lab_utils.cli", ["--help"], module=True)
     assert module[1:] == ["-m", "lab_utils.cli", "--help"]
     mpi = launch.command("mpirun", 4, "train.py", env={"MASTER_PORT": "1234"})
-    assert "--oversubscribe" in mpi and ["-x", "MASTER_PORT"] == mpi[mpi.index("-x"):][:2]
+    assert "--oversubscribe" in mpi and mpi[mpi.index("-x"):][:2] == ["-x", "MASTER_PORT"]
 
 
 @pytest.mark.parametrize("step", [1, 5, 64])
