@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import sys
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
@@ -173,14 +174,39 @@ def info() -> DistInfo:
     return _info if _info is not None else init()
 
 
+def _horovod() -> Any:
+    """``horovod.torch`` if the script imported and initialised it, else None.
+
+    A pure Horovod script has no torch process group; the helpers below then use
+    Horovod's rank, size and all-reduce so the Trainer works there too.
+    """
+    hvd = sys.modules.get("horovod.torch")
+    try:
+        return hvd if hvd is not None and hvd.is_initialized() else None
+    except (AttributeError, ValueError):
+        return None
+
+
+_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
+
+
 def rank() -> int:
-    """This process's global rank (0 without a process group)."""
-    return dist.get_rank() if dist.is_initialized() else (_info.rank if _info else 0)
+    """This process's global rank: from the process group, Horovod, or the launcher's
+    environment (so it stays right after :func:`shutdown`)."""
+    if dist.is_initialized():
+        return dist.get_rank()
+    hvd = _horovod()
+    if hvd is not None:
+        return hvd.rank()
+    return next((int(os.environ[v]) for v in _RANK_VARS if os.environ.get(v, "") != ""), 0)
 
 
 def world_size() -> int:
-    """Number of processes in the job (1 without a process group)."""
-    return dist.get_world_size() if dist.is_initialized() else 1
+    """Number of processes in the job (1 without a process group or Horovod)."""
+    if dist.is_initialized():
+        return dist.get_world_size()
+    hvd = _horovod()
+    return hvd.size() if hvd is not None else 1
 
 
 def is_main() -> bool:
@@ -199,6 +225,8 @@ def barrier() -> None:
     """Wait for every rank (no-op for a single process)."""
     if dist.is_initialized():
         dist.barrier()
+    elif _horovod() is not None:
+        _horovod().barrier()
 
 
 def _collective_device() -> torch.device:
@@ -210,6 +238,9 @@ def _collective_device() -> torch.device:
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """Sum of ``t`` over all ranks, as a new tensor on ``t``'s device."""
     if not dist.is_initialized():
+        hvd = _horovod()
+        if hvd is not None:
+            return hvd.allreduce(t.detach().clone(), op=hvd.Sum)
         return t.clone()
     buf = t.detach().to(_collective_device(), copy=True)
     dist.all_reduce(buf, op=dist.ReduceOp.SUM)

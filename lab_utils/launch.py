@@ -171,7 +171,11 @@ def command(launcher: str, nprocs: int, script: str | os.PathLike, args: Sequenc
     target = ["-m", str(script)] if module else [str(script)]
     py = sys.executable
     if launcher == "torchrun":
-        return [py, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}",
+        # --standalone picks a free local rendezvous; a multi-node job brings its own.
+        multi = any(a.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint",
+                                         "--master-addr", "--master_addr") for a in launcher_args)
+        alone = [] if multi else ["--standalone"]
+        return [py, "-m", "torch.distributed.run", *alone, f"--nproc-per-node={nprocs}",
                 "--tee=3", *launcher_args, *target, *args]
     if launcher == "horovodrun":
         return [_bin("horovodrun"), "-np", str(nprocs), "-H", f"localhost:{nprocs}", "--gloo",

@@ -272,7 +272,7 @@ class Trainer:
                 self.optimizer.step()
         else:
             self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # Horovod's wrapper takes no arguments
         if self.scheduler is not None:
             self.scheduler.step()
         self.step += 1
