@@ -4,14 +4,15 @@
   root, Krizhevsky 2014 / Hoffer et al. 2017);
 * schedules as ``LambdaLR`` factors, stepped once per optimiser step:
   :func:`warmup`, :func:`lr_schedule`, :func:`lambda_lr`;
-* layer-wise adaptive optimisers: :class:`LARS` (You et al. 2017) and :class:`LAMB`
-  (You et al. 2019), with their last trust ratios kept for plotting
-  (:func:`trust_ratios`);
-* ghost batch normalisation: :class:`GhostBatchNorm1d`, :class:`GhostBatchNorm2d`
-  (Hoffer et al. 2017);
-* multiplicative gradient noise: :class:`GradientNoise`;
-* growing the batch instead of decaying the learning rate: :class:`BatchGrowth`
-  (Smith et al. 2017).
+* layer-wise adaptive optimisers: :class:`LARS` (You et al. 2017; its trust ratio is
+  :func:`lars_trust_ratio`) and :class:`LAMB` (You et al. 2019), with their last trust
+  ratios kept for plotting (:func:`trust_ratios`, the :class:`TrustRatioRecorder`
+  Trainer callback);
+* ghost batch normalisation: :class:`GhostBatchNorm1d`, :class:`GhostBatchNorm2d`,
+  :func:`ghost_batch_norm` (Hoffer et al. 2017);
+* multiplicative gradient noise with σ² ∝ B: :func:`noise_std`, :class:`GradientNoise`;
+* growing the batch instead of decaying the learning rate: :class:`BatchGrowth` and
+  its Trainer callback :class:`GrowBatch` (Smith et al. 2017).
 """
 
 from __future__ import annotations
@@ -419,7 +420,7 @@ class GradientNoise:
 
     Implemented with tensor hooks, so it works with any training loop: the noise is
     applied as each gradient is computed in ``backward()``. Call :meth:`remove` (or
-    use it as a context manager) to stop. ``generator`` makes the noise reproducible.
+    use it as a context manager) to stop. ``seed`` makes the noise reproducible.
     """
 
     def __init__(self, model: nn.Module, sigma: float, seed: int | None = None) -> None:

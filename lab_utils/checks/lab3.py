@@ -108,11 +108,16 @@ def _pts(acc: float) -> float:
     return 100.0 * acc
 
 
+def _signed(points: float) -> str:
+    """``+0.08`` or ``−0.69`` (a real minus sign, like the other numbers)."""
+    return f"{points:+.2f}".replace("-", "−")
+
+
 def claim_naive_gap(base_acc: float, naive_acc: float, batch_ratio: float) -> Claim:
     """A naive large batch (≥ 16× the base batch, same epochs, base LR) loses ≥ 2 points."""
     gap = _pts(base_acc) - _pts(naive_acc)
     return Claim(f"naive batch ×{batch_ratio:g} loses accuracy",
-                 f"{_pts(base_acc):.2f}% → {_pts(naive_acc):.2f}% (−{gap:.2f} pts)",
+                 f"{_pts(base_acc):.2f}% → {_pts(naive_acc):.2f}% ({_signed(-gap)} pts)",
                  f"×≥{NAIVE_MIN_BATCH_RATIO}, loss ≥ {NAIVE_MIN_GAP:g} pts",
                  batch_ratio >= NAIVE_MIN_BATCH_RATIO and gap >= NAIVE_MIN_GAP)
 
@@ -121,7 +126,7 @@ def claim_scaling_recovers(base_acc: float, scaled_acc: float, batch_ratio: floa
     """Linear scaling + warm-up comes within 1 point of the baseline."""
     gap = _pts(base_acc) - _pts(scaled_acc)
     return Claim(f"linear scaling + warm-up at ×{batch_ratio:g} recovers",
-                 f"{_pts(scaled_acc):.2f}% vs {_pts(base_acc):.2f}% ({-gap:+.2f} pts)",
+                 f"{_pts(scaled_acc):.2f}% vs {_pts(base_acc):.2f}% ({_signed(-gap)} pts)",
                  f"within {SCALED_MAX_GAP:g} pt", gap <= SCALED_MAX_GAP)
 
 
@@ -140,7 +145,7 @@ def claim_growth_matches_decay(decay_acc: float, decay_updates: int, growth_acc:
     gap = _pts(decay_acc) - _pts(growth_acc)
     return Claim("growing the batch matches LR decay",
                  f"{_pts(growth_acc):.2f}% in {growth_updates} updates vs "
-                 f"{_pts(decay_acc):.2f}% in {decay_updates} ({-gap:+.2f} pts)",
+                 f"{_pts(decay_acc):.2f}% in {decay_updates} ({_signed(-gap)} pts)",
                  f"within {GROWTH_MAX_GAP:g} pt, fewer updates",
                  gap <= GROWTH_MAX_GAP and growth_updates < decay_updates)
 

@@ -278,10 +278,12 @@ def optimiser_race(W: np.ndarray, B: np.ndarray, L: np.ndarray,
         updates = np.arange(len(losses))
         ax_upd.plot(updates, losses, label=label)
         ax_epoch.plot(updates / float(run["updates_per_epoch"]), losses, label=label)
-        ax_sec.plot(np.linspace(0.0, float(run["seconds"]), len(losses)), losses, label=label)
+        seconds = np.linspace(0.0, float(run["seconds"]), len(losses))
+        ax_sec.plot(seconds[1:], losses[1:], label=label)  # log axis: from the first update
     ax_upd.set_xscale("symlog", linthresh=1)
+    ax_sec.set_xscale("log")
     for ax, xlabel in ((ax_upd, "updates (log scale)"), (ax_epoch, "epochs (passes over the data)"),
-                       (ax_sec, "seconds")):
+                       (ax_sec, "seconds (log scale)")):
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("MSE loss (full data)")

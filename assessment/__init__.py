@@ -1,0 +1,9 @@
+"""The assessment: make a serial training script data-parallel and meet an
+accuracy-in-time target; graded by ``lab-grade`` (:mod:`assessment.grade`).
+
+Modules: :mod:`~assessment.grade` (command line and the grading steps),
+:mod:`~assessment.sandbox` (working directory, launch, process clean-up),
+:mod:`~assessment.checkpoint` (reading and checking the checkpoint),
+:mod:`~assessment.targets` (target files), :mod:`~assessment.report` (verdicts,
+exit codes), :mod:`~assessment.calibrate` (proposing targets for a machine).
+"""

@@ -1,0 +1,220 @@
+"""Propose an accuracy-in-time target for the machine at hand.
+
+    lab-grade calibrate --target cpu-2proc --runs 3 --starter
+    python -m assessment.calibrate --target gpu-4 --launcher torchrun --write my-gpu-4.toml
+
+Runs a reference solution several times through the grader itself (same launcher,
+same working-directory set-up, same evaluation), then proposes:
+
+* ``accuracy``: the worst run's test accuracy minus ``--acc-margin``, rounded down
+  to half a percent;
+* ``budget_s``: the slowest run's wall clock times ``--time-margin``, rounded up to
+  5 seconds.
+
+With ``--starter`` it also grades the serial starter against the proposal and says
+whether it fails on time, as it should. Instructors' hardware differs: calibrate
+on the machines the students will be graded on, while nothing else runs there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import math
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import grade as grade_mod
+from . import targets as targets_mod
+from .report import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, Report
+from .targets import Target
+
+HERE = Path(__file__).resolve().parent
+SOLUTIONS = {"torchrun": HERE / "solutions" / "reference_ddp.py",
+             "mpirun": HERE / "solutions" / "reference_ddp.py",
+             "horovodrun": HERE / "solutions" / "reference_horovod.py"}
+STARTER = HERE / "starter.py"
+
+
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+    """A proposed target and the measurements behind it."""
+
+    accuracy: float
+    budget_s: float
+    runs: list[dict[str, float]]
+
+    @property
+    def worst_accuracy(self) -> float:
+        return min(r["accuracy"] for r in self.runs)
+
+    @property
+    def slowest_s(self) -> float:
+        return max(r["elapsed_s"] for r in self.runs)
+
+
+def propose(runs: list[dict[str, float]], acc_margin: float = 0.01,
+            time_margin: float = 1.3) -> Proposal:
+    """Target accuracy just below the worst run, budget a margin above the slowest."""
+    if not runs:
+        raise ValueError("no successful reference runs to calibrate from")
+    if not 0 <= acc_margin < 1 or time_margin < 1:
+        raise ValueError("need 0 <= acc_margin < 1 and time_margin >= 1")
+    worst = min(r["accuracy"] for r in runs)
+    slowest = max(r["elapsed_s"] for r in runs)
+    accuracy = math.floor((worst - acc_margin) * 200) / 200
+    budget = math.ceil(slowest * time_margin / 5) * 5
+    if accuracy <= 0:
+        raise ValueError(f"the reference reaches only {worst:.2%}: nothing to calibrate against")
+    return Proposal(accuracy=round(accuracy, 3), budget_s=float(budget), runs=runs)
+
+
+def measure(solution: Path, base: Target, *, runs: int, launcher: str, nprocs: int,
+            timeout_s: float, echo: bool) -> list[Report]:
+    """Grade ``solution`` ``runs`` times with only a generous time limit."""
+    loose = dataclasses.replace(base, budget_s=timeout_s, grace_s=0.0, accuracy=1e-6)
+    reports = []
+    for i in range(runs):
+        print(f"calibrate: run {i + 1}/{runs} of {solution.name} under {launcher} "
+              f"with {nprocs} processes ...", flush=True)
+        r = grade_mod.grade(solution, loose, launcher=launcher, nprocs=nprocs, echo=echo)
+        status = (f"{r.elapsed_s:.1f} s, accuracy {r.accuracy:.2%}" if r.passed
+                  else f"{r.status}: {r.reason}: {r.message}")
+        print(f"calibrate:   {status} (CPU {r.environment.get('cpu_s', '?')} s, load "
+              f"{r.environment.get('load_before', '?')})", flush=True)
+        reports.append(r)
+    return reports
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    raise TypeError(f"cannot write {type(value).__name__} as TOML")
+
+
+def target_toml(base: Target, p: Proposal, launcher: str, nprocs: int,
+                starter_s: float | None) -> str:
+    """The proposed target as the text of a TOML file."""
+    today = dt.date.today().isoformat()
+    fields = {
+        "name": base.name, "description": base.description, "status": "calibrated",
+        "dataset": base.dataset, "accuracy": p.accuracy, "budget_s": p.budget_s,
+        "grace_s": base.grace_s, "processes": nprocs, "threads_per_proc": base.threads_per_proc or 0,
+        "launcher": launcher, "profile": base.profile, "archs": list(base.archs),
+        "max_checkpoint_mb": base.max_checkpoint_mb,
+    }
+    if base.test_samples is not None:
+        fields["test_samples"] = base.test_samples
+    lines = [f"# Calibrated {today} on {platform.node()} ({os.cpu_count()} CPUs, torch "
+             f"{torch.__version__}) by `lab-grade calibrate`."]
+    lines += [f"{k} = {_toml(v)}" for k, v in fields.items()]
+    lines += ["", "[calibration]", f"date = {_toml(today)}",
+              f"reference_runs = {_toml([{k: round(v, 4) for k, v in r.items()} for r in p.runs])}",
+              f"worst_accuracy = {p.worst_accuracy:.4f}", f"slowest_s = {p.slowest_s:.1f}"]
+    if starter_s is not None:
+        lines.append(f"starter_s = {starter_s:.1f}")
+    return "\n".join(lines) + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lab-grade calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", "--profile", dest="target", default=None,
+                   help="target to start from: name or .toml path (default: by hardware)")
+    p.add_argument("--solution", default=None,
+                   help="reference solution (default: reference_horovod.py for horovodrun, "
+                        "reference_ddp.py otherwise)")
+    p.add_argument("--launcher", choices=targets_mod.LAUNCHERS, default=None)
+    p.add_argument("--nprocs", "-n", type=int, default=None)
+    p.add_argument("--runs", type=int, default=3, help="reference runs (default 3)")
+    p.add_argument("--acc-margin", type=float, default=0.01,
+                   help="accuracy below the worst run (default 0.01)")
+    p.add_argument("--time-margin", type=float, default=1.3,
+                   help="budget as a multiple of the slowest run (default 1.3)")
+    p.add_argument("--timeout", type=float, default=900,
+                   help="seconds before a reference run is stopped (default 900)")
+    p.add_argument("--starter", action="store_true",
+                   help="also grade the serial starter against the proposal")
+    p.add_argument("--write", metavar="PATH", default=None, help="write the proposed target here")
+    p.add_argument("--quiet", "-q", action="store_true", help="do not stream the jobs' output")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        base = targets_mod.load(args.target or grade_mod.default_target())
+    except targets_mod.TargetError as e:
+        print(f"calibrate: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.runs < 1:
+        print("calibrate: --runs must be >= 1", file=sys.stderr)
+        return EXIT_ERROR
+    launcher = args.launcher or base.launcher
+    nprocs = args.nprocs or base.processes
+    solution = Path(args.solution) if args.solution else SOLUTIONS[launcher]
+    reports = measure(solution, base, runs=args.runs, launcher=launcher, nprocs=nprocs,
+                      timeout_s=args.timeout, echo=not args.quiet)
+    good = [r for r in reports if r.passed]
+    for r in reports:
+        if not r.passed:
+            print(r.text(), file=sys.stderr)
+    if len(good) < len(reports):
+        print(f"calibrate: {len(reports) - len(good)} of {len(reports)} reference runs failed; "
+              "fix them before trusting a target", file=sys.stderr)
+        return EXIT_FAIL
+    runs = [{"elapsed_s": float(r.elapsed_s or 0), "accuracy": float(r.accuracy or 0),
+             "cpu_s": float(r.environment.get("cpu_s", 0))} for r in good]
+    try:
+        proposal = propose(runs, args.acc_margin, args.time_margin)
+    except ValueError as e:
+        print(f"calibrate: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    loads = [r.environment.get("load_before", 0) for r in good]
+    print(f"\nreference: accuracy {min(r['accuracy'] for r in runs):.2%} .. "
+          f"{max(r['accuracy'] for r in runs):.2%}, time {min(r['elapsed_s'] for r in runs):.1f}"
+          f" .. {proposal.slowest_s:.1f} s over {len(runs)} runs")
+    print(f"proposed:  accuracy >= {proposal.accuracy:.2%} within {proposal.budget_s:g} s "
+          f"(+ {base.grace_s:g} s grace) on {nprocs} processes")
+    if max(loads, default=0) > (os.cpu_count() or 1):
+        print(f"warning: the load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
+              "during calibration: other work was running, the times are pessimistic")
+
+    starter_s = None
+    code = EXIT_PASS
+    if args.starter:
+        proposed = dataclasses.replace(base, accuracy=proposal.accuracy,
+                                       budget_s=proposal.budget_s, processes=nprocs)
+        print("calibrate: grading the serial starter against the proposal ...", flush=True)
+        r = grade_mod.grade(STARTER, proposed, launcher=launcher, nprocs=nprocs,
+                            echo=not args.quiet)
+        starter_s = r.elapsed_s
+        if r.reason in ("over_budget", "timeout"):
+            print(f"starter:   fails on time as it should ({r.reason}, {r.elapsed_s:.1f} s)")
+        else:
+            print(f"starter:   {r.status} ({r.reason}): {r.message}\nwarning: the starter must "
+                  "fail on time; lower the budget or give the starter more work")
+            code = EXIT_FAIL
+    text = target_toml(base, proposal, launcher, nprocs, starter_s)
+    print("\n" + text)
+    if args.write:
+        Path(args.write).write_text(text, encoding="utf-8")
+        print(f"calibrate: wrote {args.write}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Reference solution with Horovod (for instructors).
+
+The starter, made data-parallel with Horovod; run it with ``horovodrun -np N`` or
+``mpirun -np N``. The same steps as the DDP reference, the Horovod way:
+
+1. ``hvd.init()``; one GPU per process (``hvd.local_rank()``) when there are GPUs;
+2. rank 0's initial weights and optimiser state are broadcast to everyone;
+3. ``hvd.DistributedOptimizer`` averages the gradients (all-reduce) before each step;
+4. each rank trains on its own shard with a tensor-resident ``TensorLoader``;
+5. learning rate scaled with the global batch and warmed up over half an epoch;
+6. exact evaluation: every rank counts its part of the test set, the counts are summed;
+7. rank 0 alone saves ``checkpoint.pt``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import horovod.torch as hvd
+import torch
+import torch.nn.functional as F
+
+from lab_utils import data, models, optim
+from lab_utils import profile as lprofile
+from lab_utils.loader import TensorLoader
+
+CHECKPOINT = "checkpoint.pt"
+
+RECIPES = {
+    "fashion-mnist": {"arch": "fmnist_cnn", "kwargs": {"width": 16}, "epochs": 3,
+                      "batch_size": 64, "lr": 0.05, "augment": False},
+    "cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 64}, "epochs": 16,
+                "batch_size": 256, "lr": 0.2, "augment": True},
+    "synthetic-cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 16}, "epochs": 2,
+                          "batch_size": 64, "lr": 0.05, "augment": True},
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="cifar10", choices=sorted(RECIPES))
+    p.add_argument("--budget", type=float, default=None, help="time budget (informative)")
+    p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def print0(*args: object) -> None:
+    if hvd.rank() == 0:
+        print(*args, flush=True)
+
+
+@torch.no_grad()
+def test_accuracy(model: torch.nn.Module, loader: TensorLoader,
+                  autocast_dtype: torch.dtype | None) -> tuple[float, int]:
+    """Exact accuracy over all ranks' parts of the test set (no padding counted)."""
+    model.eval()
+    counts = torch.zeros(2, dtype=torch.float64)
+    for x, y in loader:
+        with torch.autocast(x.device.type, dtype=autocast_dtype,
+                            enabled=autocast_dtype is not None):
+            pred = model(x).argmax(1)
+        counts += torch.tensor([(pred == y).sum().item(), len(y)], dtype=torch.float64)
+    correct, n = hvd.allreduce(counts, op=hvd.Sum, name="test_counts").tolist()
+    return correct / n, int(n)
+
+
+def main() -> None:
+    args = parse_args()
+    recipe = RECIPES[args.dataset]
+    epochs = args.epochs or recipe["epochs"]
+    start = time.perf_counter()
+    hvd.init()
+    lprofile.configure_threads()  # share the cores between the local processes
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(hvd.local_rank())
+    device = torch.device("cuda", hvd.local_rank()) if cuda else torch.device("cpu")
+
+    ds = data.load(args.dataset)
+    torch.manual_seed(args.seed)
+    model = models.build(recipe["arch"], in_channels=ds.x_train.shape[1],
+                         num_classes=len(ds.classes), **recipe["kwargs"]).to(device)
+    if cuda:
+        model = model.to(memory_format=torch.channels_last)
+    torch.manual_seed(args.seed + hvd.rank())  # a different augmentation stream per rank
+
+    train_loader = TensorLoader.from_dataset(
+        ds, "train", recipe["batch_size"], shuffle=True, seed=args.seed, rank=hvd.rank(),
+        world_size=hvd.size(), drop_last=True, augment=recipe["augment"], crop_pad=4,
+        device=device, channels_last=cuda)
+    test_loader = TensorLoader.from_dataset(ds, "test", 1000, rank=hvd.rank(),
+                                            world_size=hvd.size(), device=device,
+                                            channels_last=cuda)
+
+    k = hvd.size()
+    lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], recipe["batch_size"] * k, "linear")
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
+                                weight_decay=5e-4)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    total_steps = epochs * len(train_loader)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
+        total_steps, warmup_steps=max(1, len(train_loader) // 2), warmup_start=1 / k,
+        decay="linear"))
+    autocast_dtype = torch.bfloat16 if cuda else None
+    print0(f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} epochs, "
+           f"batch {recipe['batch_size']} x {k} Horovod processes, lr {lr:g}")
+
+    for epoch in range(epochs):
+        train_loader.set_epoch(epoch)
+        model.train()
+        for step, (x, y) in enumerate(train_loader):
+            with torch.autocast(device.type, dtype=autocast_dtype,
+                                enabled=autocast_dtype is not None):
+                loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()  # Horovod's wrapper takes no arguments
+            loss.backward()  # Horovod starts all-reducing each gradient as it is ready
+            optimizer.step()  # ... and waits for the averages here
+            schedule.step()
+            if step % 100 == 0:
+                print0(f"epoch {epoch + 1} step {step}/{len(train_loader)} loss "
+                       f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s")
+
+    acc, n = test_accuracy(model, test_loader, autocast_dtype)
+    print0(f"test accuracy {acc:.2%} on {n} images after {time.perf_counter() - start:.0f}s")
+    if hvd.rank() == 0:
+        models.save(CHECKPOINT, model)
+    hvd.barrier()  # every rank waits until rank 0 has saved
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Accuracy-in-time targets, one TOML file per hardware profile.
+
+A target says what a submission must reach (``accuracy`` on the held-out test split
+of ``dataset``) within how long (``budget_s`` of wall clock, launch to exit) on how
+many processes. Files live in ``assessment/targets/``; ``lab-grade --target NAME``
+finds ``NAME.toml`` there, and any other path works too. See
+``assessment/targets/cpu-2proc.toml`` for a commented example.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
+
+TARGETS_DIR = Path(__file__).resolve().parent / "targets"
+LAUNCHERS = ("torchrun", "horovodrun", "mpirun")
+DATASETS = ("fashion-mnist", "cifar10", "synthetic-cifar10")
+STATUSES = ("calibrated", "to be calibrated", "test")
+
+
+class TargetError(ValueError):
+    """A target file is missing or malformed; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One accuracy-in-time target (see the module docstring for the file format)."""
+
+    name: str
+    dataset: str
+    accuracy: float
+    budget_s: float
+    processes: int
+    archs: tuple[str, ...]
+    grace_s: float = 15.0
+    threads_per_proc: int | None = 1
+    launcher: str = "torchrun"
+    profile: str = "cpu"
+    test_samples: int | None = None  # None: the whole test split
+    max_checkpoint_mb: float = 512.0
+    status: str = "to be calibrated"
+    description: str = ""
+    path: str = ""
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def deadline_s(self) -> float:
+        """When the grader stops the job: the budget plus the grace."""
+        return self.budget_s + self.grace_s
+
+
+def available() -> list[str]:
+    """Names of the targets shipped in ``assessment/targets``."""
+    return sorted(p.stem for p in TARGETS_DIR.glob("*.toml"))
+
+
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """The file of a target given by name (``cpu-2proc``) or path."""
+    text = str(name_or_path)
+    path = Path(text)
+    if path.suffix == ".toml" or os.sep in text:
+        if not path.is_file():
+            raise TargetError(f"target file {path} does not exist")
+        return path
+    shipped = TARGETS_DIR / f"{text}.toml"
+    if not shipped.is_file():
+        raise TargetError(f"no target named {text!r}; shipped targets: {', '.join(available())} "
+                          "(or give the path of a .toml file)")
+    return shipped
+
+
+def load(name_or_path: str | os.PathLike) -> Target:
+    """Read and check one target file."""
+    path = resolve(name_or_path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise TargetError(f"{path}: not valid TOML: {e}") from e
+    return from_dict(raw, path=path)
+
+
+def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target:
+    """Build a :class:`Target` from parsed TOML, with one clear error per bad key."""
+    raw = dict(raw)
+
+    def need(key: str, kind: type | tuple[type, ...]) -> Any:
+        if key not in raw:
+            raise TargetError(f"{path}: missing key {key!r}")
+        value = raw.pop(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise TargetError(f"{path}: {key} = {value!r} has the wrong type")
+        return value
+
+    def opt(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
+        return need(key, kind) if key in raw else default
+
+    name = opt("name", str, Path(path).stem)
+    dataset = need("dataset", str)
+    accuracy = float(need("accuracy", (int, float)))
+    budget = float(need("budget_s", (int, float)))
+    processes = need("processes", int)
+    archs = tuple(need("archs", list))
+    grace = float(opt("grace_s", (int, float), 15.0))
+    threads = opt("threads_per_proc", int, 1) or None  # 0: leave the thread count alone
+    launcher = opt("launcher", str, "torchrun")
+    profile = opt("profile", str, "cpu")
+    test_samples = opt("test_samples", int, None)
+    max_mb = float(opt("max_checkpoint_mb", (int, float), 512.0))
+    status = opt("status", str, "to be calibrated")
+    description = opt("description", str, "")
+    calibration = opt("calibration", dict, {})
+    if raw:
+        raise TargetError(f"{path}: unknown key(s) {', '.join(sorted(raw))}")
+
+    checks = [
+        (dataset in DATASETS, f"dataset must be one of {', '.join(DATASETS)}, not {dataset!r}"),
+        (0.0 < accuracy <= 1.0, f"accuracy is a fraction in (0, 1], not {accuracy}"),
+        (budget > 0, f"budget_s must be positive, not {budget}"),
+        (grace >= 0, f"grace_s must be >= 0, not {grace}"),
+        (processes >= 1, f"processes must be >= 1, not {processes}"),
+        (threads is None or threads >= 1, f"threads_per_proc must be >= 0, not {threads}"),
+        (bool(archs) and all(isinstance(a, str) for a in archs),
+         "archs must be a non-empty list of registry names"),
+        (launcher in LAUNCHERS, f"launcher must be one of {', '.join(LAUNCHERS)}"),
+        (profile in ("quick", "cpu", "gpu"), f"profile must be quick, cpu or gpu, not {profile!r}"),
+        (test_samples is None or test_samples >= 1, "test_samples must be >= 1"),
+        (max_mb > 0, "max_checkpoint_mb must be positive"),
+        (status in STATUSES, f"status must be one of {', '.join(STATUSES)}"),
+    ]
+    for ok, problem in checks:
+        if not ok:
+            raise TargetError(f"{path}: {problem}")
+    return Target(name=name, dataset=dataset, accuracy=accuracy, budget_s=budget,
+                  processes=processes, archs=archs, grace_s=grace, threads_per_proc=threads,
+                  launcher=launcher, profile=profile, test_samples=test_samples,
+                  max_checkpoint_mb=max_mb, status=status, description=description,
+                  path=str(path), calibration=calibration)

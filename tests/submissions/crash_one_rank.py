@@ -1,0 +1,14 @@
+"""Bad submission: rank 1 raises while rank 0 waits for it in a collective."""
+
+import time
+
+import torch
+
+from lab_utils import dist
+
+info = dist.init()
+if info.rank == 1:
+    time.sleep(1)
+    raise RuntimeError("rank 1 lost its data shard (fixture crash_one_rank)")
+dist.all_reduce_sum(torch.ones(1))  # never completes: rank 1 is gone
+time.sleep(3600)

@@ -1,0 +1,18 @@
+"""Bad submission: every rank hangs, and each starts a detached child that tries to
+outlive the job (its own session, a command line without the working directory)."""
+
+import os
+import subprocess
+import sys
+import time
+
+from lab_utils import dist
+
+info = dist.init()
+# A child in a session of its own, outside the working directory.
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
+                 start_new_session=True, cwd="/", stdin=subprocess.DEVNULL,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(f"rank {info.rank}: started helper, pid {os.getpid()}; now waiting forever", flush=True)
+while True:
+    time.sleep(1)

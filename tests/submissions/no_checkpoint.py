@@ -1,0 +1,11 @@
+"""Bad submission: runs and exits cleanly, but saves nothing (or saves elsewhere)."""
+
+import torch
+
+from lab_utils import dist, models
+
+info = dist.init()
+if info.is_main:
+    torch.save(models.checkpoint(models.build("resnet_cifar", width=8)), "model_final.pt")
+    print("saved model_final.pt (not the contract's checkpoint.pt)", flush=True)
+dist.shutdown()

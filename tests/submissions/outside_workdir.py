@@ -1,0 +1,15 @@
+"""Bad submission: writes the checkpoint outside its working directory and leaves
+a symbolic link to it as checkpoint.pt."""
+
+import os
+from pathlib import Path
+
+from lab_utils import dist, models
+
+info = dist.init()
+if info.is_main:
+    elsewhere = Path.cwd().parent / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    models.save(elsewhere / "checkpoint.pt", models.build("resnet_cifar", width=8))
+    os.symlink(elsewhere / "checkpoint.pt", "checkpoint.pt")
+dist.shutdown()

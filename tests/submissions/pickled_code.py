@@ -1,0 +1,26 @@
+"""Bad submission: the checkpoint is a pickle that runs code when loaded unsafely.
+
+Loading it without ``weights_only=True`` would create the file named by
+``$FIXTURE_PWNED_MARKER``; the grader must refuse it without running anything.
+"""
+
+import os
+
+import torch
+
+from lab_utils import dist, models
+
+MARKER = os.environ.get("FIXTURE_PWNED_MARKER", os.path.join(os.getcwd(), "pwned"))
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, (f"touch {MARKER}",))
+
+
+info = dist.init()
+if info.is_main:
+    model = models.build("resnet_cifar", width=8)
+    torch.save({"arch": "resnet_cifar", "kwargs": model.arch_spec["kwargs"],
+                "state_dict": model.state_dict(), "extra": Payload()}, "checkpoint.pt")
+dist.shutdown()

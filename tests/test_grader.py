@@ -1,0 +1,397 @@
+"""The autograder (assessment/): verdicts, exit codes and clean-up.
+
+Unit tests cover targets, checkpoint checks, reports and calibration in-process.
+Launched tests grade one fixture submission per bad case (tests/submissions/)
+under torchrun and mpirun and check the verdict, the exit code, that it came
+within budget + grace, and that no process of the job survives. The slow ones run
+the reference solutions (pass) and the serial starter (fails on time) against the
+real Fashion-MNIST target and the CIFAR-10 stand-in.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from assessment import calibrate, checkpoint, grade, sandbox, targets
+from assessment.checkpoint import CheckpointRejected
+from assessment.report import REASONS, Report
+from lab_utils import data, models
+
+REPO = Path(__file__).resolve().parents[1]
+SUBMISSIONS = REPO / "tests" / "submissions"
+FAST = SUBMISSIONS / "fast.toml"  # small budget: hangs and overruns are stopped soon
+ROOMY = SUBMISSIONS / "roomy.toml"  # ample budget: verdicts on the checkpoint alone
+ASSESSMENT = REPO / "assessment"
+HAS_MPI = shutil.which("mpirun") is not None
+HAS_HOROVOD = (importlib.util.find_spec("horovod") is not None
+               and (Path(sys.executable).parent / "horovodrun").exists())
+needs_mpi = pytest.mark.skipif(not HAS_MPI, reason="OpenMPI's mpirun is not installed")
+needs_horovod = pytest.mark.skipif(not HAS_HOROVOD, reason="Horovod is not installed")
+
+
+# --------------------------------------------------------------------------- helpers
+def survivors(report: Report) -> list[psutil.Process]:
+    """Processes of a graded job still alive: by working directory or environment tag."""
+    root = str(Path(report.workdir).parent)
+    alive = []
+    for p in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            mine = root in " ".join(p.info["cmdline"] or ()) or (p.info["cwd"] or "").startswith(root)
+            mine = mine or p.environ().get(sandbox.TAG_VAR) == report.job_id
+            if mine and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return alive
+
+
+def run(submission: Path, launcher: str = "torchrun", target: Path | str = FAST,
+        **kw) -> Report:
+    """Grade ``submission`` and check what every graded job must leave: nothing."""
+    t = targets.load(target)
+    report = grade.grade(submission, t, launcher=launcher, **kw)
+    assert report.workdir and report.job_id
+    assert survivors(report) == []
+    assert report.leftover_processes == 0, "the supervisor let a process outlive the job"
+    if not kw.get("keep"):
+        assert not Path(report.workdir).exists()
+    if report.elapsed_s is not None:  # a verdict within budget + grace (+ the stop itself)
+        assert report.elapsed_s <= t.deadline_s + 15
+    return report
+
+
+def fixture(name: str) -> Path:
+    return SUBMISSIONS / f"{name}.py"
+
+
+def idle_enough() -> None:
+    """Pass/fail on time is only meaningful when the cores are not shared."""
+    load = os.getloadavg()[0]
+    if load > 1.5 * (os.cpu_count() or 1):
+        pytest.skip(f"load average {load:.1f} on {os.cpu_count()} CPUs: timing would be unfair")
+
+
+# --------------------------------------------------------------------------- targets
+def test_shipped_targets_load_and_gpu_ones_are_marked_to_be_calibrated() -> None:
+    names = targets.available()
+    assert {"cpu-2proc", "cpu-cifar-standin", "gpu-1", "gpu-4", "gpu-8"} <= set(names)
+    for name in names:
+        t = targets.load(name)
+        assert t.deadline_s > t.budget_s > 0 and 0 < t.accuracy < 1
+        if name.startswith("gpu-"):
+            assert t.status == "to be calibrated" and t.dataset == "cifar10"
+            assert t.processes == int(name.split("-")[1])
+    real = targets.load("cpu-2proc")
+    assert (real.dataset, real.processes, real.threads_per_proc) == ("fashion-mnist", 2, 1)
+    assert real.status == "calibrated" and real.calibration["reference_runs"]
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"dataset": "mnist"}, "dataset"),
+    ({"accuracy": 1.5}, "accuracy"),
+    ({"budget_s": "fast"}, "budget_s"),
+    ({"archs": []}, "archs"),
+    ({"launcher": "srun"}, "launcher"),
+    ({"colour": "blue"}, "unknown key"),
+])
+def test_a_bad_target_names_the_key(change: dict, problem: str) -> None:
+    raw = {"dataset": "fashion-mnist", "accuracy": 0.9, "budget_s": 60, "processes": 2,
+           "archs": ["fmnist_cnn"], **change}
+    with pytest.raises(targets.TargetError, match=problem):
+        targets.from_dict(raw, "x.toml")
+
+
+def test_unknown_target_lists_the_shipped_ones() -> None:
+    with pytest.raises(targets.TargetError, match="cpu-2proc"):
+        targets.load("no-such-target")
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save(path: Path, obj: object) -> Path:
+    torch.save(obj, path)
+    return path
+
+
+def good_checkpoint(width: int = 8) -> dict:
+    torch.manual_seed(0)
+    return models.checkpoint(models.build("resnet_cifar", width=width))
+
+
+def reason(fn, *args) -> str:
+    with pytest.raises(CheckpointRejected) as info:
+        fn(*args)
+    assert info.value.reason in REASONS and str(info.value)
+    return info.value.reason
+
+
+def test_locate_refuses_missing_links_and_folders(tmp_path: Path) -> None:
+    assert reason(checkpoint.locate, tmp_path) == "no_checkpoint"
+    outside = save(tmp_path.parent / f"{tmp_path.name}-outside.pt", good_checkpoint())
+    (tmp_path / "checkpoint.pt").symlink_to(outside)
+    assert reason(checkpoint.locate, tmp_path) == "checkpoint_outside"
+    (tmp_path / "checkpoint.pt").unlink()
+    (tmp_path / "checkpoint.pt").mkdir()
+    assert reason(checkpoint.locate, tmp_path) == "checkpoint_outside"
+    outside.unlink()
+
+
+def test_read_checks_the_contract(tmp_path: Path) -> None:
+    p = tmp_path / "checkpoint.pt"
+    p.write_bytes(b"not a torch file")
+    assert reason(checkpoint.read, p, 10) == "unreadable_checkpoint"
+    assert reason(checkpoint.read, save(p, [1, 2]), 10) == "bad_checkpoint"
+    bare = good_checkpoint()["state_dict"]
+    assert reason(checkpoint.read, save(p, bare), 10) == "bad_checkpoint"
+    assert reason(checkpoint.read, save(p, {**good_checkpoint(), "arch": 3}), 10) == "bad_checkpoint"
+    assert reason(checkpoint.read, save(p, good_checkpoint()), 1e-3) == "bad_checkpoint"  # size
+    assert checkpoint.read(save(p, good_checkpoint()), 10)["arch"] == "resnet_cifar"
+
+
+def test_read_refuses_pickled_code_without_running_it(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    p = save(tmp_path / "checkpoint.pt", {**good_checkpoint(), "extra": Payload()})
+    assert reason(checkpoint.read, p, 10) == "unsafe_checkpoint"
+    assert not marker.exists()
+    torch.load(p, weights_only=False)  # the control: an unsafe load does run it
+    assert marker.exists()
+
+
+def test_rebuild_checks_arch_kwargs_shapes_and_values() -> None:
+    ok = good_checkpoint()
+    allowed = ["resnet_cifar", "mlp"]
+    assert reason(checkpoint.rebuild, ok, ["fmnist_cnn"]) == "wrong_arch"
+    assert reason(checkpoint.rebuild, {**ok, "arch": "mlp"}, allowed) == "wrong_arch"  # kwargs
+    assert reason(checkpoint.rebuild, {**ok, "arch": "mlp", "kwargs": {}}, allowed) == "wrong_shape"
+    assert reason(checkpoint.rebuild, {**ok, "arch": "no_such"}, ["no_such"]) == "wrong_arch"
+    assert reason(checkpoint.rebuild, {**ok, "kwargs": {"depth": 3}}, allowed) == "wrong_arch"
+    assert reason(checkpoint.rebuild, {**ok, "kwargs": {"width": 16}}, allowed) == "wrong_shape"
+    nan = {k: v.clone() for k, v in ok["state_dict"].items()}
+    nan["classifier.weight"][0, 0] = float("nan")
+    assert reason(checkpoint.rebuild, {**ok, "state_dict": nan}, allowed) == "nan_weights"
+    model, notes = checkpoint.rebuild(ok, allowed)
+    assert not model.training and notes == []
+    wrapped = {**ok, "state_dict": {f"module.{k}": v for k, v in ok["state_dict"].items()}}
+    model, notes = checkpoint.rebuild(wrapped, allowed)
+    assert "module." in notes[0]
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, ok["state_dict"][k])
+
+
+def test_a_huge_width_is_refused_without_allocating_it() -> None:
+    ok = good_checkpoint()
+    huge = {**ok, "kwargs": {**ok["kwargs"], "width": 10**6}}  # ~10^14 parameters
+    assert reason(checkpoint.rebuild, huge, ["resnet_cifar"]) == "wrong_shape"
+
+
+# --------------------------------------------------------------------------- reports
+def test_report_statuses_exit_codes_and_json(tmp_path: Path) -> None:
+    r = Report("s.py", "t", "fashion-mnist", "torchrun", 2, 60, 10, 0.9)
+    expected = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
+    for why, status in REASONS.items():
+        r.set(why, "message")
+        assert (r.status, r.exit_code) == (status, expected[status])
+    with pytest.raises(ValueError):
+        r.set("maybe", "no such verdict")
+    r.set("low_accuracy", "test accuracy 80.00% is below the target 90.00%")
+    r.accuracy, r.elapsed_s = 0.8, 12.5
+    r.write_json(tmp_path / "r.json")
+    back = json.loads((tmp_path / "r.json").read_text())
+    assert back["status"] == "fail" and back["exit_code"] == 1 and back["accuracy"] == 0.8
+    assert "FAIL: low_accuracy" in r.text() and "80.00%" in r.text()
+
+
+def test_calibrate_proposes_below_the_worst_and_above_the_slowest() -> None:
+    runs = [{"elapsed_s": 40.0, "accuracy": 0.905}, {"elapsed_s": 47.0, "accuracy": 0.897}]
+    p = calibrate.propose(runs, acc_margin=0.01, time_margin=1.3)
+    assert p.accuracy == 0.885 and p.accuracy < 0.897 - 0.01 + 1e-9
+    assert p.budget_s == 65 and p.budget_s >= 47 * 1.3
+    with pytest.raises(ValueError):
+        calibrate.propose([])
+    text = calibrate.target_toml(targets.load("cpu-2proc"), p, "torchrun", 2, 90.0)
+    again = targets.from_dict(targets.tomllib.loads(text))
+    assert (again.accuracy, again.budget_s, again.status) == (0.885, 65, "calibrated")
+
+
+# --------------------------------------------------------------------------- command line
+def test_cli_syntax_error_is_broken_without_starting_anything(tmp_path: Path, capsys) -> None:
+    src = tmp_path / "syntax_error.py"
+    shutil.copyfile(SUBMISSIONS / "syntax_error.py.txt", src)
+    out = tmp_path / "report.json"
+    code = grade.main([str(src), "--target", str(FAST), "--json", str(out), "-q"])
+    report = json.loads(out.read_text())
+    assert code == 2 and report["reason"] == "syntax_error" and report["returncode"] is None
+    assert "line" in report["message"] and "BROKEN SUBMISSION" in capsys.readouterr().out
+
+
+def test_cli_usage_and_target_errors_are_grader_errors(tmp_path: Path) -> None:
+    assert grade.main([str(tmp_path / "missing.py"), "--target", str(FAST), "-q"]) == 3
+    assert grade.main([str(fixture("hang")), "--target", "no-such-target"]) == 3
+    with pytest.raises(SystemExit) as info:
+        grade.main([str(fixture("hang")), "--launcher", "srun"])
+    assert info.value.code == 3
+
+
+def test_console_script_is_declared() -> None:
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'lab-grade = "assessment.grade:main"' in text
+    result = subprocess.run([sys.executable, "-m", "assessment.grade", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--launcher" in result.stdout and "Exit codes" in result.stdout
+
+
+# --------------------------------------------------------------------------- clean-up checks
+def test_leftover_checks_find_a_detached_tagged_process(tmp_path: Path) -> None:
+    """The checks above would see an escaped process: its tag is in its environment."""
+    root = tmp_path / "lab-grade-x"
+    (root / "work").mkdir(parents=True)
+    tag = "fixture-tag-0b7c"
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd="/",
+                            env={**os.environ, sandbox.TAG_VAR: tag}, start_new_session=True)
+    try:
+        fake = Report("s.py", "t", "d", "torchrun", 2, 1, 1, 0.5, workdir=str(root / "work"),
+                      job_id=tag)
+        assert [p.pid for p in survivors(fake)] == [proc.pid]
+        assert sandbox.reap_leftovers(tag, root) == 1
+        proc.wait(timeout=10)  # already reaped by the check: no status left to read
+        assert survivors(fake) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# --------------------------------------------------------------------------- bad submissions
+LAUNCHERS = ["torchrun", pytest.param("mpirun", marks=needs_mpi)]
+
+# Cases about processes: the launcher matters, so each runs under both. A hang or a
+# deadlock costs budget + grace, hence the small budget for those.
+PROCESS_CASES = [
+    ("import_error", ROOMY, "crashed", "No module named 'lab_utils.no_such_module_fixture_ie'"),
+    ("crash_one_rank", ROOMY, "crashed", "rank 1 lost its data shard"),
+    pytest.param("hang", FAST, "timeout", "a hang, or a deadlock", marks=pytest.mark.slow),
+    pytest.param("deadlock", FAST, "timeout", "a hang, or a deadlock", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("name, target, why, words", PROCESS_CASES)
+def test_bad_process_behaviour_gets_a_verdict(name: str, target: Path, why: str, words: str,
+                                              launcher: str) -> None:
+    r = run(fixture(name), launcher, target)
+    assert (r.reason, r.exit_code) == (why, 1 if why == "timeout" else 2), r.text()
+    assert words in r.message
+    assert r.accuracy is None
+    if why == "timeout":
+        assert r.timed_out and r.elapsed_s >= targets.load(target).deadline_s
+    if name == "crash_one_rank":
+        assert "[rank 1]" in r.message  # the rank that failed first, not the one left waiting
+
+
+# Cases about the checkpoint: the launcher matters less, so they alternate.
+CHECKPOINT_CASES = [
+    ("no_checkpoint", "no_checkpoint", "torchrun", "model_final.pt"),
+    ("wrong_arch", "wrong_arch", "mpirun", "'mlp' is not allowed"),
+    ("wrong_shape", "wrong_shape", "torchrun", "(16, 3, 3, 3) instead of (8, 3, 3, 3)"),
+    ("outside_workdir", "checkpoint_outside", "mpirun", "symbolic link"),
+    ("nan_loss", "nan_weights", "torchrun", "NaN"),
+    ("fake_accuracy", "low_accuracy", "mpirun", "below the target"),
+]
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("name, why, launcher, words", CHECKPOINT_CASES)
+def test_bad_checkpoint_gets_a_verdict(name: str, why: str, launcher: str, words: str) -> None:
+    if launcher == "mpirun" and not HAS_MPI:
+        pytest.skip("OpenMPI's mpirun is not installed")
+    r = run(fixture(name), launcher, ROOMY)
+    assert (r.reason, r.returncode) == (why, 0), r.text()
+    assert r.exit_code == (1 if why == "low_accuracy" else 2)
+    assert words in r.message
+    if name == "fake_accuracy":  # it printed 99.9 %; the grader measured chance level
+        assert r.accuracy is not None and r.accuracy < 0.3
+        assert any("99.90%" in line for line in r.output_tail)
+
+
+@pytest.mark.launcher
+def test_pickled_code_is_refused_and_never_runs(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = tmp_path / "pwned"
+    monkeypatch.setenv("FIXTURE_PWNED_MARKER", str(marker))
+    r = run(fixture("pickled_code"), "torchrun", ROOMY, keep=True)
+    try:
+        assert (r.reason, r.exit_code) == ("unsafe_checkpoint", 2), r.text()
+        assert "weights_only" in r.message and not marker.exists()
+        # The control: the same file does run its code when loaded unsafely.
+        unsafe = f"import torch; torch.load({str(Path(r.workdir) / 'checkpoint.pt')!r}, weights_only=False)"
+        subprocess.run([sys.executable, "-c", unsafe], check=True, timeout=60)
+        assert marker.exists()
+    finally:
+        shutil.rmtree(Path(r.workdir).parent, ignore_errors=True)
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+def test_over_budget_is_a_fail_even_with_a_valid_checkpoint() -> None:
+    r = run(fixture("over_budget"), "torchrun")
+    t = targets.load(FAST)
+    assert (r.reason, r.exit_code, r.timed_out) == ("over_budget", 1, False), r.text()
+    assert t.budget_s < r.elapsed_s < t.deadline_s and r.accuracy is not None
+
+
+# --------------------------------------------------------------------------- good submissions
+# The real accuracy-in-time target (Fashion-MNIST, 2 CPU processes) and the CIFAR-10
+# pipeline on its stand-in share the work: between them the references pass under
+# torchrun, mpirun and horovodrun, and the serial starter fails on time under torchrun
+# and mpirun.
+GOOD_CASES = [
+    ("reference_ddp.py", "torchrun", "cpu-2proc", "passed"),
+    pytest.param("reference_horovod.py", "mpirun", "cpu-2proc", "passed",
+                 marks=[needs_mpi, needs_horovod, pytest.mark.horovod]),
+    ("starter.py", "torchrun", "cpu-2proc", "fails on time"),
+    pytest.param("reference_ddp.py", "mpirun", "cpu-cifar-standin", "passed", marks=needs_mpi),
+    pytest.param("reference_horovod.py", "horovodrun", "cpu-cifar-standin", "passed",
+                 marks=[needs_horovod, pytest.mark.horovod]),
+    pytest.param("starter.py", "mpirun", "cpu-cifar-standin", "fails on time", marks=needs_mpi),
+]
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+@pytest.mark.parametrize("script, launcher, target, expected", GOOD_CASES)
+def test_references_pass_and_the_starter_fails_on_time(script: str, launcher: str, target: str,
+                                                       expected: str) -> None:
+    t = targets.load(target)
+    if t.dataset == "fashion-mnist":
+        try:
+            data.load("fashion-mnist", download=False)
+        except data.DataError as e:
+            pytest.skip(f"Fashion-MNIST is not installed here: {str(e).splitlines()[0]}")
+    path = ASSESSMENT / ("solutions" if script.startswith("reference") else "") / script
+    if expected == "passed":
+        idle_enough()
+    r = run(path, launcher, target)
+    if expected == "passed":
+        assert (r.reason, r.exit_code) == ("passed", 0), r.text()
+        assert r.accuracy >= t.accuracy and r.elapsed_s <= t.budget_s
+        assert r.test_samples == len(data.load(t.dataset).y_test)
+    else:
+        assert r.reason in ("timeout", "over_budget") and r.exit_code == 1, r.text()
+        assert r.elapsed_s > t.budget_s
+        if r.reason == "timeout":
+            assert "too slow" in r.message  # it was computing, not stuck

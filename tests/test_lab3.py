@@ -1,0 +1,278 @@
+"""Lab 3: exercises and their checks, the claims' PASS/FAIL logic, the Trainer
+callbacks of lab_utils.optim, the experiment runner and science.py at `quick`, and
+the data-parallel recipe script."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from lab_utils import optim
+from lab_utils.checks import CheckFailed
+from lab_utils.checks import lab3 as check
+from lab_utils.loader import TensorLoader
+from lab_utils.solutions import lab3 as solutions
+from lab_utils.train import Trainer
+
+LAB = Path(__file__).resolve().parent.parent / "labs" / "lab3_large_batch"
+
+
+@pytest.fixture(scope="module")
+def lab_modules():
+    """experiments.py and science.py, imported from the lab folder."""
+    sys.path.insert(0, str(LAB))
+    try:
+        import experiments
+        import science
+        yield experiments, science
+    finally:
+        sys.path.remove(str(LAB))
+
+
+@pytest.fixture(scope="module")
+def fashion_available():
+    from lab_utils import data
+    try:
+        data.load("fashion-mnist", download=False)
+    except data.DataError as e:
+        pytest.skip(f"Fashion-MNIST is not available offline: {e}")
+
+
+# ------------------------------------------------------------------------ exercises
+
+
+def test_reference_solutions_pass_their_checks(capsys):
+    check.check_warmup_factor(solutions.warmup_factor)
+    check.check_trust_ratio(solutions.lars_trust_ratio)
+    assert capsys.readouterr().out.count("✔") == 2
+
+
+def test_trust_ratio_check_catches_mistakes():
+    def no_weight_decay(w, g, trust_coefficient=0.001, weight_decay=0.0):
+        return solutions.lars_trust_ratio(w, g, trust_coefficient, 0.0)
+
+    def no_zero_guard(w, g, trust_coefficient=0.001, weight_decay=0.0):
+        return trust_coefficient * w.norm() / (g.norm() + weight_decay * w.norm())
+
+    def per_row(w, g, trust_coefficient=0.001, weight_decay=0.0):
+        if w.dim() < 2 or w.norm() == 0 or g.norm() == 0:
+            return solutions.lars_trust_ratio(w, g, trust_coefficient, weight_decay)
+        return (trust_coefficient * w.norm(dim=1) / (g.norm(dim=1) + weight_decay * w.norm(dim=1))).mean()
+
+    for wrong, hint in ((no_weight_decay, "β·‖w‖"), (no_zero_guard, "ratio of 1"),
+                        (per_row, "whole tensor")):
+        with pytest.raises(CheckFailed, match="lars_trust_ratio") as err:
+            check.check_trust_ratio(wrong)
+        assert hint in str(err.value)
+
+
+def test_warmup_check_catches_mistakes():
+    def off_by_one(step, warmup_steps, start_factor):
+        return min(1.0, start_factor + (1 - start_factor) * step / warmup_steps)
+
+    def never_ends(step, warmup_steps, start_factor):
+        return start_factor + (1 - start_factor) * (step + 1) / warmup_steps
+
+    for wrong in (off_by_one, never_ends):
+        with pytest.raises(CheckFailed, match="warmup_factor"):
+            check.check_warmup_factor(wrong)
+
+
+def test_student_lars_subclass_matches_the_library():
+    torch.manual_seed(0)
+    nets = [nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+
+    class StudentLARS(optim.LARS):
+        def trust_ratio(self, w, g, group):
+            return solutions.lars_trust_ratio(w, g, group["trust_coefficient"],
+                                              group["weight_decay"])
+
+    x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
+    for net, cls in zip(nets, (StudentLARS, optim.LARS), strict=True):
+        opt = cls(net.parameters(), lr=5.0, weight_decay=1e-3, exclude_bias_and_norm=True)
+        for _ in range(3):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x), y).backward()
+            opt.step()
+    check.same_update(nets[0], nets[1], what="student LARS = library LARS")
+
+
+# --------------------------------------------------------------------------- claims
+
+
+def test_claims_pass_and_fail_on_their_thresholds():
+    assert check.claim_naive_gap(0.88, 0.85, 16).ok
+    assert not check.claim_naive_gap(0.88, 0.865, 16).ok  # 1.5 points is not enough
+    assert not check.claim_naive_gap(0.88, 0.80, 8).ok  # ×8 is not "×16 or more"
+    assert check.claim_scaling_recovers(0.88, 0.8705, 16).ok
+    assert not check.claim_scaling_recovers(0.88, 0.869, 16).ok
+    assert check.claim_adaptive_beats_sgd(0.80, 0.79, 0.81, 128).ok
+    assert not check.claim_adaptive_beats_sgd(0.80, 0.80, 0.79, 128).ok
+    assert check.claim_growth_matches_decay(0.88, 1000, 0.875, 600).ok
+    assert not check.claim_growth_matches_decay(0.88, 1000, 0.875, 1000).ok  # not fewer
+    assert not check.claim_growth_matches_decay(0.88, 1000, 0.865, 600).ok
+    assert check.claim_accumulation_exact(3e-7, 8).ok
+    assert not check.claim_accumulation_exact(2e-6, 8).ok
+    with pytest.raises(CheckFailed, match="within 1 pt"):
+        check.verify(check.claim_scaling_recovers(0.88, 0.85, 16))
+
+
+# --------------------------------------------------------------- Trainer callbacks
+
+
+def _toy(n=256, d=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    y = (x[:, 0] > 0).long()
+    return x, y
+
+
+def _quiet_fit(trainer, loader, epochs):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return trainer.fit(loader, epochs)
+
+
+def test_grow_batch_callback_follows_the_schedule():
+    x, y = _toy()
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = TensorLoader(x, y, 16, seed=0)
+    growth = optim.BatchGrowth(16, 4, milestones=(1, 2))
+    seen = []
+
+    class Spy(optim.GrowBatch):
+        def on_epoch_start(self, trainer, epoch):
+            super().on_epoch_start(trainer, epoch)
+            seen.append(loader.batch_size)
+
+    trainer = Trainer(model, opt, callbacks=[Spy(loader, growth)], progress=False)
+    _quiet_fit(trainer, loader, 3)
+    assert seen == [16, 64, 256]
+    assert trainer.step == growth.updates(256, 3) == 16 + 4 + 1
+
+
+def test_grow_batch_takes_the_rest_of_the_decay_from_a_lambda_lr():
+    x, y = _toy()
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = optim.lambda_lr(opt, optim.warmup(2, 0.5))
+    loader = TensorLoader(x, y, 64, seed=0)
+    growth = optim.BatchGrowth(64, 4, milestones=(1,), max_batch=128)
+    trainer = Trainer(model, opt, scheduler=sched, callbacks=[optim.GrowBatch(loader, growth)],
+                      progress=False)
+    history = _quiet_fit(trainer, loader, 2)
+    lrs = [s["lr"] for s in history.steps]
+    # epoch 0: warm-up 0.75, 1, 1, 1 at batch 64; epoch 1: batch 128 (×2 of ×4), LR × 1/2
+    assert lrs == pytest.approx([0.75, 1.0, 1.0, 1.0, 0.5, 0.5])
+
+
+def test_grow_batch_refuses_other_schedulers():
+    model = nn.Linear(8, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    x, y = _toy()
+    loader = TensorLoader(x, y, 64)
+    trainer = Trainer(model, opt, scheduler=torch.optim.lr_scheduler.StepLR(opt, 1),
+                      callbacks=[optim.GrowBatch(loader, optim.BatchGrowth(64, 2, (1,)))],
+                      progress=False)
+    with pytest.raises(TypeError, match="LambdaLR"):
+        _quiet_fit(trainer, loader, 1)
+
+
+def test_trust_ratio_recorder_records_every_layer():
+    x, y = _toy()
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    opt = optim.LAMB(model.parameters(), lr=0.01, exclude_bias_and_norm=True)
+    recorder = optim.TrustRatioRecorder(every=2)
+    trainer = Trainer(model, opt, callbacks=[recorder], progress=False)
+    _quiet_fit(trainer, TensorLoader(x, y, 32), 1)  # 8 updates
+    assert [r["step"] for r in recorder.records] == [2, 4, 6, 8]
+    last = recorder.records[-1]
+    assert set(last) == {"step", "0.weight", "0.bias", "2.weight", "2.bias"}
+    assert last["0.bias"] == 1.0  # excluded from the adaptation
+    assert last["0.weight"] == float(opt.state[model[0].weight]["trust_ratio"])
+    assert last["2.weight"] == float(opt.state[model[2].weight]["trust_ratio"])
+    assert last["0.weight"] != last["2.weight"]
+
+
+def test_trainer_accumulation_equals_one_batch(lab_modules):
+    experiments, _ = lab_modules
+    x, y = _toy(n=512, d=12, seed=1)
+
+    def model_fn():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(12, 16), nn.Tanh(), nn.Linear(16, 2))
+
+    errors = experiments.accumulation_errors(model_fn, x, y, batch=128, micro_batch=16)
+    assert errors["micro_batches"] == 8
+    assert errors["grad"] < check.ACCUMULATION_TOL
+    assert errors["weights"] < check.ACCUMULATION_TOL
+    with pytest.raises(ValueError):
+        experiments.accumulation_errors(model_fn, x, y, batch=100, micro_batch=16)
+
+
+# ---------------------------------------------------------- experiments and science
+
+
+def test_run_rejects_bad_configurations(lab_modules):
+    experiments, _ = lab_modules
+    with pytest.raises(ValueError, match="optimizer"):
+        experiments.Run("x", 64, 0.1, optimizer="adam")
+    with pytest.raises(ValueError, match="positive"):
+        experiments.Run("x", 0, 0.1)
+
+
+def test_schedule_warms_up_then_decays(lab_modules):
+    experiments, _ = lab_modules
+    setup = experiments.Setup(epochs=4, base_batch=64, decay="step", decay_at=(0.5, 0.75),
+                              gamma=0.25)
+    run = experiments.Run("r", 256, 0.4, warmup_epochs=1)
+    f = experiments.schedule(run, setup, steps_per_epoch=10)
+    assert f(0) == pytest.approx(0.25 + 0.75 / 10)  # starts near the base-batch rate
+    assert f(9) == 1.0 and f(19) == 1.0
+    assert f(20) == pytest.approx(0.25) and f(30) == pytest.approx(0.0625)
+    grow = experiments.schedule(experiments.Run("g", 64, 0.1, grow_batch=True), setup, 10)
+    assert grow(35) == 1.0  # the batch grows instead
+
+
+@pytest.mark.slow
+def test_science_quick_prints_every_claim(lab_modules, fashion_available, tmp_path, capsys):
+    _, science = lab_modules
+    out = tmp_path / "science.json"
+    assert science.main(["--profile", "quick", "--no-progress", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in ("naive batch", "linear scaling + warm-up", "LARS/LAMB beat SGD",
+                 "growing the batch", "gradient accumulation"):
+        assert name in text
+    assert "PASS" in text or "FAIL" in text
+    import json
+    record = json.loads(out.read_text())
+    assert len(record["claims"]) == 5
+    assert {r["label"] for r in record["runs"]} >= {"baseline B=32", "naive ×16"}
+    acc = next(c for c in record["claims"] if "accumulation" in c["name"])
+    assert acc["verdict"] == "PASS"
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+def test_recipe_script_two_workers_equal_one_large_batch(fashion_available):
+    from lab_utils import launch
+    script = LAB / "scripts" / "train_large_batch.py"
+    args = ["--epochs", "1", "--n-train", "1024", "--n-test", "500", "--base-batch", "32"]
+    env = {"LABS_PROFILE": "quick"}
+    two = launch.run(script, [*args, "--batch-per-worker", "64"], nprocs=2, env=env,
+                     timeout=180, echo=False).check()
+    one = launch.run(script, [*args, "--batch-per-worker", "128"], nprocs=1, env=env,
+                     timeout=180, echo=False).check()  # torchrun with one worker: no DDP
+    s2, s1 = two.metrics[-1], one.metrics[-1]
+    assert s2["world_size"] == 2 and s1["world_size"] == 1
+    assert s2["global_batch"] == s1["global_batch"] == 128
+    assert s2["lr"] == s1["lr"] == pytest.approx(0.02 * 128 / 32)
+    assert s2["updates"] == s1["updates"] == 8
+    assert abs(s2["test_acc"] - s1["test_acc"]) <= 0.01
