@@ -36,6 +36,8 @@ $(RUN_TARGETS): export OMPI_MCA_rmaps_base_oversubscribe ?= 1
 # interface (containers often have no interface Gloo can guess). Not a default
 # elsewhere: processes on several machines must use a real network interface.
 test: export GLOO_SOCKET_IFNAME ?= lo
+# Two pytest workers on two cores: one thread per process, or they slow each other down.
+test: export OMP_NUM_THREADS ?= 1
 
 .PHONY: help setup lab test grade submission-given bench science lint clean distclean
 
