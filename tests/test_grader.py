@@ -254,6 +254,31 @@ def test_console_script_is_declared() -> None:
     assert result.returncode == 0 and "--launcher" in result.stdout and "Exit codes" in result.stdout
 
 
+# --------------------------------------------------------------------------- working directory
+def test_prepare_copies_a_folder_without_weights_or_links(tmp_path: Path) -> None:
+    src = tmp_path / "sub"
+    (src / "pkg").mkdir(parents=True)
+    (src / "train.py").write_text("from pkg import helper\n")
+    (src / "pkg" / "helper.py").write_text("x_test = None\n")
+    (src / "checkpoint.pt").write_bytes(b"pretrained")
+    (src / "link.py").symlink_to(tmp_path / "elsewhere.py")
+    ws = sandbox.prepare(src)
+    try:
+        copied = sorted(str(p.relative_to(ws.workdir)) for p in ws.workdir.rglob("*"))
+        assert copied == ["pkg", "pkg/helper.py", "train.py"] and ws.ignored == ["checkpoint.pt"]
+        assert ws.script == ws.workdir / "train.py" and ws.root.name.startswith("lab-grade-")
+        assert sandbox.syntax_error(ws.workdir) is None and sandbox.reads_test_split(ws.workdir)
+        (ws.workdir / "pkg" / "helper.py").write_text("def f(:\n")
+        assert "helper.py, line 1" in sandbox.syntax_error(ws.workdir)
+    finally:
+        ws.cleanup()
+    assert not ws.root.exists()
+    with pytest.raises(sandbox.SubmissionError, match="no entry script"):
+        sandbox.prepare(src, entry="main.py")
+    with pytest.raises(sandbox.SubmissionError, match="not a Python script"):
+        sandbox.prepare(src / "checkpoint.pt")
+
+
 # --------------------------------------------------------------------------- clean-up checks
 def test_leftover_checks_find_a_detached_tagged_process(tmp_path: Path) -> None:
     """The checks above would see an escaped process: its tag is in its environment."""

@@ -276,3 +276,36 @@ def test_recipe_script_two_workers_equal_one_large_batch(fashion_available):
     assert s2["lr"] == s1["lr"] == pytest.approx(0.02 * 128 / 32)
     assert s2["updates"] == s1["updates"] == 8
     assert abs(s2["test_acc"] - s1["test_acc"]) <= 0.01
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def test_plots_draw_what_they_are_given():
+    import matplotlib
+    matplotlib.use("Agg")
+    from types import SimpleNamespace as NS
+
+    import matplotlib.pyplot as plt
+
+    from lab_utils.plots import lab3 as lplots
+
+    def result(label, acc, diverged=False):
+        return NS(run=NS(label=label, batch=64), test_acc=acc, diverged=diverged, updates=10,
+                  steps=[{"loss": 2.0 / (i + 1)} for i in range(10)],
+                  epochs=[{"epoch": 1, "step": 5, "val_acc": acc}, {"epoch": 2, "step": 10, "val_acc": acc}])
+
+    runs = [result("a", 0.8), result("b", 0.85), result("c", 0.1, diverged=True)]
+    ax = lplots.accuracy_bars(runs, baseline=0.8)
+    assert len(ax.patches) == 3 and ax.get_ylim()[0] > 50  # zoomed on the runs that trained
+    assert [t.get_text() for t in ax.texts][-1] == "diverged"
+    assert len(lplots.loss_per_step(runs).lines) == 3
+    assert len(lplots.accuracy_vs_updates(runs).lines) == 3
+    records = [{"step": s, "0.weight": 0.01 * s, "0.bias": 1.0, "2.weight": 0.02} for s in (1, 2)]
+    assert len(lplots.trust_ratios(records).lines) == 2  # the constant bias ratio is skipped
+    with pytest.raises(ValueError, match="no trust ratios"):
+        lplots.trust_ratios([])
+    assert len(lplots.schedules({"w": optim.warmup(3), "c": optim.lr_schedule(9)}, 9).lines) == 2
+    fig = lplots.batch_growth(optim.BatchGrowth(64, 4, (2, 3)), 0.1, 4, 0.25)
+    assert [line.get_ydata()[-1] for line in fig.axes[1].lines] == [64, 1024]
+    plt.close("all")

@@ -87,21 +87,29 @@ def loss_per_step(results: Sequence[Any], *, x: str = "samples", smooth: int = 1
 
 def accuracy_bars(results: Sequence[Any], *, title: str = "", baseline: float | None = None,
                   ax: plt.Axes | None = None) -> plt.Axes:
-    """Test accuracy of each run as a bar, labelled with its number of updates."""
+    """Test accuracy of each run as a bar, labelled with its number of updates.
+
+    The axis is zoomed on the runs that trained; a diverged run is drawn as a red
+    stub marked "diverged" instead of stretching the axis down to chance level.
+    """
     if ax is None:
         _, ax = plt.subplots(figsize=(max(5, 1.3 * len(results)), 3.8))
     acc = [100 * r.test_acc for r in results]
-    bars = ax.bar(range(len(results)), acc, color=["C3" if r.diverged else "C0" for r in results])
-    for bar, r in zip(bars, results, strict=True):
-        ax.annotate(f"{100 * r.test_acc:.1f}%\n{r.updates} upd.",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+    ok = [a for a, r in zip(acc, results, strict=True) if not r.diverged] or acc
+    lo, hi = max(0.0, min(ok) - 8), min(100.0, max(ok) + 8)
+    heights = [a if not r.diverged else lo + 0.04 * (hi - lo) for a, r in
+               zip(acc, results, strict=True)]
+    bars = ax.bar(range(len(results)), heights,
+                  color=["C3" if r.diverged else "C0" for r in results])
+    for bar, a, r in zip(bars, acc, results, strict=True):
+        text = "diverged" if r.diverged else f"{a:.1f}%\n{r.updates} upd."
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                     ha="center", va="bottom", fontsize="small")
     if baseline is not None:
         ax.axhline(100 * baseline, color="k", ls="--", lw=1, label="baseline")
-        ax.legend(loc="lower right")
+        ax.legend(loc="upper right")
     ax.set_xticks(range(len(results)), [r.run.label for r in results], rotation=20, ha="right")
-    lo = min(acc) - 8 if acc else 0
-    ax.set_ylim(max(0, lo), min(100, max(acc) + 6) if acc else 100)
+    ax.set_ylim(lo, hi)
     ax.set_ylabel("test accuracy (%)")
     if title:
         ax.set_title(title)

@@ -119,8 +119,9 @@ class Summary:
         return statistics.fmean(self.val)
 
     def accuracy_text(self) -> str:
-        sd = statistics.stdev(self.test) if len(self.test) > 1 else 0.0
-        return f"{100 * self.test_mean:6.2f} ± {100 * sd:4.2f}"
+        if len(self.test) == 1:
+            return f"{100 * self.test_mean:6.2f}"
+        return f"{100 * self.test_mean:6.2f} ± {100 * statistics.stdev(self.test):4.2f}"
 
 
 def _train_seed(runs: Sequence[Run], setup: Setup, splits: Splits | None, seed: int,
