@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -309,3 +310,43 @@ def test_plots_draw_what_they_are_given():
     fig = lplots.batch_growth(optim.BatchGrowth(64, 4, (2, 3)), 0.1, 4, 0.25)
     assert [line.get_ydata()[-1] for line in fig.axes[1].lines] == [64, 1024]
     plt.close("all")
+
+
+def _toy_splits(experiments, n_train=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n_train + 128, 1, 8, 8), generator=g, dtype=torch.uint8)
+    y = (x.float().mean(dim=(1, 2, 3)) > 127.5).long()
+    return experiments.Splits(x[:n_train], y[:n_train], x[n_train:n_train + 64],
+                              y[n_train:n_train + 64], x[n_train + 64:], y[n_train + 64:],
+                              (0.5,), (0.29,), (1, 8, 8), 2)
+
+
+def test_train_emulates_a_large_batch_with_micro_batches(lab_modules):
+    experiments, _ = lab_modules
+    splits = _toy_splits(experiments)
+    setup = experiments.Setup(model_kwargs={"hidden": (16,)}, n_train=256, epochs=2,
+                              base_batch=16, base_lr=0.05)
+    run = experiments.Run("big", 64, 0.2, warmup_epochs=1)
+    with contextlib.redirect_stdout(io.StringIO()):
+        one = experiments.train(run, setup, splits, device=torch.device("cpu"))
+        acc = experiments.train(run, replace(setup, micro_batch=16), splits,
+                                device=torch.device("cpu"))
+    assert one.updates == acc.updates == 2 * 256 // 64
+    assert [s["lr"] for s in one.steps] == pytest.approx([s["lr"] for s in acc.steps])
+    # per-step logs hold the last micro-batch's loss; the epoch's mean loss is the same
+    assert one.epochs[-1]["train_loss"] == pytest.approx(acc.epochs[-1]["train_loss"], rel=1e-5)
+    assert one.test_acc == acc.test_acc and one.val_acc == acc.val_acc
+    with pytest.raises(ValueError, match="multiple of micro_batch"):
+        experiments.train(experiments.Run("odd", 48, 0.1), replace(setup, micro_batch=32),
+                          splits, device=torch.device("cpu"))
+
+
+def test_train_reports_divergence_instead_of_raising(lab_modules):
+    experiments, _ = lab_modules
+    splits = _toy_splits(experiments)
+    setup = experiments.Setup(model_kwargs={"hidden": (16,)}, n_train=256, epochs=2,
+                              base_batch=16, base_lr=0.05)
+    with contextlib.redirect_stdout(io.StringIO()):
+        result = experiments.train(experiments.Run("huge lr", 16, 1e6), setup, splits,
+                                   device=torch.device("cpu"))
+    assert result.diverged

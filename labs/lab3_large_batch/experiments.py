@@ -42,7 +42,7 @@ class Setup:
     n_train: int = 57344
     n_val: int = 2656
     n_test: int | None = None
-    epochs: int = 4
+    epochs: int = 8
     base_batch: int = 64
     base_lr: float = 0.01
     momentum: float = 0.9
@@ -76,7 +76,7 @@ def setup_for(profile: Profile) -> Setup:
     return profile.pick(
         quick=Setup(model_kwargs={"hidden": (64,)}, n_train=2048, n_val=512, n_test=1000,
                     epochs=2, base_batch=32, base_lr=0.02, largest_ratio=64),
-        cpu=Setup(model_kwargs={"hidden": (256, 128)}, epochs=8),
+        cpu=Setup(model_kwargs={"hidden": (256, 128)}),
         gpu=Setup(dataset="cifar10", arch="resnet_cifar", model_kwargs={"width": 32},
                   n_train=49152, n_val=848, epochs=16, base_batch=128, base_lr=0.05,
                   weight_decay=5e-4, augment=True, largest_ratio=64),
