@@ -210,17 +210,22 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
 
 
 def _why_stopped(job: sandbox.JobOutcome) -> str:
-    """What a job stopped at the deadline was doing: waiting forever, or computing."""
+    """What a job stopped at the deadline was doing: waiting forever, or computing.
+
+    CPU use decides: a job that still kept a core busy was working. Silence alone
+    does not make it stuck (a script may print once per epoch, and a loaded
+    machine stretches every gap), so it only adds a hint.
+    """
     busy, quiet = job.busy_cores, job.silent_for or 0.0
     if busy is not None and busy < IDLE_CORES:
         return (f"its processes were idle ({busy:.2f} CPU cores busy) and printed nothing in "
                 f"the last {quiet:.0f} s: a hang, or a deadlock between ranks (a collective "
                 "that not every rank reaches)?")
     load = "" if busy is None else f" ({busy:.1f} CPU cores busy)"
-    if quiet >= 30:
-        return (f"its processes were computing{load} but printed nothing in the last "
-                f"{quiet:.0f} s: an endless loop, or ranks spinning in a collective?")
-    return f"its processes were still computing{load}: it is too slow for this budget"
+    hint = "" if quiet < 30 else (f"; it printed nothing in the last {quiet:.0f} s, so if it "
+                                  "should have, look for an endless loop or ranks spinning "
+                                  "in a collective")
+    return f"its processes were still computing{load}: it is too slow for this budget{hint}"
 
 
 # --------------------------------------------------------------------------- command line

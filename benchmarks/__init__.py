@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "ddp": "ddp_scaling",
     "allreduce": "allreduce",
     "notebooks": "notebooks",
+    "grading": "grading",
 }
 
 

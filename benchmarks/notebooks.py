@@ -47,6 +47,10 @@ def execute(path: Path, env: dict[str, str], cell_timeout: float = 600) -> float
     return time.perf_counter() - start
 
 
+def _label(path: Path) -> str:
+    return str(path.relative_to(LABS)) if path.is_relative_to(LABS) else path.name
+
+
 def quick_notebook(folder: Path) -> Path:
     """A two-cell notebook that reads the profile the way the labs do."""
     nb = nbformat.v4.new_notebook()
@@ -73,16 +77,27 @@ def run(settings: Settings) -> Report:
             return report
         if settings.quick:
             env["OMP_NUM_THREADS"] = str(settings.threads)
-        contenders = {str(p.relative_to(p.parents[1])): (lambda p=p: execute(p, env))
-                      for p in notebooks}
+        contenders = {_label(p): (lambda p=p: execute(p, env)) for p in notebooks}
         # The first pass (cold caches) is kept apart; quick mode makes only that one.
-        cold = {name: fn() for name, fn in contenders.items()}
+        # A notebook that fails there is reported and left out of the timed passes.
+        cold, failed = {}, {}
+        for name, fn in list(contenders.items()):
+            try:
+                cold[name] = fn()
+            except Exception as e:  # CellExecutionError, a dead kernel, a timeout
+                failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+                del contenders[name]
         rounds = settings.rounds(full=2)
         times = {name: [t] for name, t in cold.items()}
-        if not settings.quick:
+        if not settings.quick and contenders:
             times = alternate(contenders, rounds=rounds, warmup=0)
     for name, secs in times.items():
         report.add(name, median(secs), "s", note=f"first run {cold[name]:.1f} s")
+    for name, why in failed.items():
+        report.add(name, None, "s", note=f"failed: {why}")
+    if failed:
+        report.error = f"{len(failed)} notebook(s) failed: {', '.join(failed)}"
+        return report
     passes = [sum(t[i] for t in times.values()) for i in range(rounds)]
     suite = median(passes)
     label = ("the two-cell check notebook (quick mode)" if settings.quick

@@ -215,12 +215,20 @@ class Trainer:
         step_lrs: list[float] = []
         micro = 0
         n_batches = len(loader) if hasattr(loader, "__len__") else None
+        if bar is not None and n_batches is not None:  # a callback may have grown the batch
+            bar.total = bar.n + math.ceil(n_batches / self.grad_accum_steps) * (epochs - self.epoch)
+            bar.refresh()
         for i, (xb, yb) in enumerate(loader):
             xb = xb.to(self.device, non_blocking=True)
             yb = yb.to(self.device, non_blocking=True)
             micro += 1
             last_micro = micro == self.grad_accum_steps or (n_batches is not None
                                                              and i == n_batches - 1)
+            # The mean over the group's micro-batches; a short last group (the epoch's
+            # batches do not divide evenly) averages over fewer, not over a full group.
+            group = self.grad_accum_steps
+            if n_batches is not None:
+                group = min(group, n_batches - (i // self.grad_accum_steps) * self.grad_accum_steps)
             sync = contextlib.nullcontext()
             if not last_micro and hasattr(self.model, "no_sync"):
                 sync = self.model.no_sync()  # DDP: accumulate locally, all-reduce once
@@ -228,7 +236,7 @@ class Trainer:
                 with _autocast(self.device, self.autocast_dtype):
                     out = self.model(xb)
                     loss = self.loss_fn(out.float(), yb)
-                (loss / self.grad_accum_steps).backward()
+                (loss / group).backward()
             with torch.no_grad():
                 sums[0] += loss.detach().double() * yb.shape[0]
                 sums[1] += (out.argmax(1) == yb).sum()

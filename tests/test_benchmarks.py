@@ -18,7 +18,7 @@ from conftest import REPO
 if str(REPO) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.insert(0, str(REPO))
 
-from benchmarks import BENCHMARKS, module  # noqa: E402
+from benchmarks import BENCHMARKS, grading, module, notebooks  # noqa: E402
 from benchmarks.__main__ import main, parse_args  # noqa: E402
 from benchmarks.common import Report, Row, Settings, alternate, median, paired_ratios  # noqa: E402
 from benchmarks.notebooks import discover  # noqa: E402
@@ -86,6 +86,49 @@ def test_discover_finds_notebooks_but_not_checkpoint_copies(tmp_path):
         nbformat.write(nbformat.v4.new_notebook(), tmp_path / rel)
     assert [p.relative_to(tmp_path).as_posix() for p in discover(tmp_path)] == [
         "lab1/a.ipynb", "lab2/b.ipynb"]
+
+
+def test_a_failing_notebook_is_reported_and_the_others_still_timed(monkeypatch):
+    good, bad = notebooks.LABS / "lab9" / "good.ipynb", notebooks.LABS / "lab9" / "bad.ipynb"
+    monkeypatch.setattr(notebooks, "discover", lambda: [bad, good])
+
+    def fake_execute(path, env, cell_timeout=600):
+        assert env["LABS_PROFILE"] == "quick" and env["LABS_SOLUTIONS"] == "1"
+        if path == bad:
+            raise RuntimeError("cell 3 raised\nZeroDivisionError: division by zero")
+        return 1.5
+
+    monkeypatch.setattr(notebooks, "execute", fake_execute)
+    report = notebooks.run(Settings(repeats=2))
+    rows = {row.metric: row for row in report.rows}
+    assert rows["lab9/good.ipynb"].value == 1.5
+    assert rows["lab9/bad.ipynb"].value is None
+    assert "ZeroDivisionError" in rows["lab9/bad.ipynb"].note
+    assert "lab9/bad.ipynb" in report.error
+
+
+def test_grading_sets_each_time_against_the_real_budget(monkeypatch):
+    seconds = {"reference_ddp.py": [60.0, 64.0], "starter.py": [90.0, 100.0],
+               "reference_horovod.py": [80.0, 70.0]}
+    graded = []
+
+    def fake(script, target, launcher):
+        graded.append((script.name, launcher, target.budget_s))
+        return seconds[script.name].pop(0), 0.92 if script.name != "starter.py" else 0.912
+
+    monkeypatch.setattr(grading, "graded_seconds", fake)
+    monkeypatch.setattr(grading, "fashion_mnist", lambda: None)
+    monkeypatch.setattr(grading, "horovod_problem", lambda: "")
+    report = grading.run(Settings(repeats=2))
+    real = grading.targets.load("cpu-2proc")
+    assert {b for _, _, b in graded} == {real.budget_s * 4}  # widened: every run is timed
+    assert ("reference_horovod.py", "mpirun", real.budget_s * 4) in graded
+    rows = {row.metric.split(":")[0]: row for row in report.rows}
+    assert rows["reference DDP (torchrun)"].value == pytest.approx(real.budget_s / 62.0)
+    assert rows["starter (torchrun)"].value == pytest.approx(95.0 / real.budget_s)
+    assert rows["reference Horovod (mpirun)"].value == pytest.approx(real.budget_s / 75.0)
+    for row in report.rows:  # each verdict follows from the figure and the 1.1x margin
+        assert row.met == (row.value >= grading.MIN_ROOM)
 
 
 def _reports() -> list[Report]:

@@ -4,12 +4,14 @@ Unit tests cover targets, checkpoint checks, reports and calibration in-process.
 Launched tests grade one fixture submission per bad case (tests/submissions/)
 under torchrun and mpirun and check the verdict, the exit code, that it came
 within budget + grace, and that no process of the job survives. The slow ones run
-the reference solutions (pass) and the serial starter (fails on time) against the
-real Fashion-MNIST target and the CIFAR-10 stand-in.
+the reference solutions (pass) and the serial starter (fails on time) on the real
+Fashion-MNIST target and the CIFAR-10 stand-in, with budgets that noise cannot
+flip (see "good submissions" below).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -55,10 +57,10 @@ def survivors(report: Report) -> list[psutil.Process]:
     return alive
 
 
-def run(submission: Path, launcher: str = "torchrun", target: Path | str = FAST,
-        **kw) -> Report:
+def run(submission: Path, launcher: str = "torchrun",
+        target: Path | str | targets.Target = FAST, **kw) -> Report:
     """Grade ``submission`` and check what every graded job must leave: nothing."""
-    t = targets.load(target)
+    t = target if isinstance(target, targets.Target) else targets.load(target)
     report = grade.grade(submission, t, launcher=launcher, **kw)
     assert report.workdir and report.job_id
     assert survivors(report) == []
@@ -72,13 +74,6 @@ def run(submission: Path, launcher: str = "torchrun", target: Path | str = FAST,
 
 def fixture(name: str) -> Path:
     return SUBMISSIONS / f"{name}.py"
-
-
-def idle_enough() -> None:
-    """Pass/fail on time is only meaningful when the cores are not shared."""
-    load = os.getloadavg()[0]
-    if load > 1.5 * (os.cpu_count() or 1):
-        pytest.skip(f"load average {load:.1f} on {os.cpu_count()} CPUs: timing would be unfair")
 
 
 # --------------------------------------------------------------------------- targets
@@ -216,16 +211,21 @@ def test_report_statuses_exit_codes_and_json(tmp_path: Path) -> None:
     assert "FAIL: low_accuracy" in r.text() and "80.00%" in r.text()
 
 
-def test_calibrate_proposes_below_the_worst_and_above_the_slowest() -> None:
+def test_calibrate_puts_the_budget_between_reference_and_starter() -> None:
     runs = [{"elapsed_s": 40.0, "accuracy": 0.905}, {"elapsed_s": 47.0, "accuracy": 0.897}]
-    p = calibrate.propose(runs, acc_margin=0.01, time_margin=1.3)
-    assert p.accuracy == 0.885 and p.accuracy < 0.897 - 0.01 + 1e-9
-    assert p.budget_s == 65 and p.budget_s >= 47 * 1.3
+    p = calibrate.propose(runs, acc_margin=0.005, time_margin=1.25)
+    assert p.accuracy == 0.892 and p.budget_s == 60  # 47 s x 1.25, rounded up to 5 s
+    p = calibrate.propose(runs, acc_margin=0.005, starter_s=100.0)
+    assert p.budget_s == 70  # sqrt(47 x 100) = 68.6: the same room on both sides
+    assert p.reference_room == pytest.approx(70 / 47) and p.starter_room == pytest.approx(100 / 70)
+    with pytest.raises(ValueError, match="not slower"):
+        calibrate.propose(runs, starter_s=45.0)
     with pytest.raises(ValueError):
         calibrate.propose([])
-    text = calibrate.target_toml(targets.load("cpu-2proc"), p, "torchrun", 2, 90.0)
+    text = calibrate.target_toml(targets.load("cpu-2proc"), p, "torchrun", 2)
     again = targets.from_dict(targets.tomllib.loads(text))
-    assert (again.accuracy, again.budget_s, again.status) == (0.885, 65, "calibrated")
+    assert (again.accuracy, again.budget_s, again.status) == (0.892, 70, "calibrated")
+    assert again.calibration["starter_s"] == 100.0
 
 
 # --------------------------------------------------------------------------- command line
@@ -381,10 +381,18 @@ def test_over_budget_is_a_fail_even_with_a_valid_checkpoint() -> None:
 
 
 # --------------------------------------------------------------------------- good submissions
-# The real accuracy-in-time target (Fashion-MNIST, 2 CPU processes) and the CIFAR-10
-# pipeline on its stand-in share the work: between them the references pass under
-# torchrun, mpirun and horovodrun, and the serial starter fails on time under torchrun
-# and mpirun.
+# The verdicts on real training: the references under torchrun, mpirun and
+# horovodrun, the serial starter under torchrun and mpirun, on the real Fashion-MNIST
+# target and the CIFAR-10 stand-in. Whether the references beat the real budget and
+# the starter misses it is a timing claim, and a busy machine would flip it: it is
+# measured by `lab-grade calibrate` (recorded in the target file) and re-measured by
+# the benchmark harness (`python -m benchmarks --only grading`), never asserted here.
+# So the budgets below leave noise no say: a reference gets four times the real
+# budget and must still reach the real accuracy with every test image; the starter
+# gets under a third of its time on an idle machine and must be stopped as too slow.
+ROOM_FOR_REFERENCES = 4.0
+STARTER_BUDGET_S = {"cpu-2proc": 25.0, "cpu-cifar-standin": 10.0}  # idle: 87 s and 38 s
+
 GOOD_CASES = [
     ("reference_ddp.py", "torchrun", "cpu-2proc", "passed"),
     pytest.param("reference_horovod.py", "mpirun", "cpu-2proc", "passed",
@@ -402,22 +410,25 @@ GOOD_CASES = [
 @pytest.mark.parametrize("script, launcher, target, expected", GOOD_CASES)
 def test_references_pass_and_the_starter_fails_on_time(script: str, launcher: str, target: str,
                                                        expected: str) -> None:
-    t = targets.load(target)
-    if t.dataset == "fashion-mnist":
+    real = targets.load(target)
+    if real.dataset == "fashion-mnist":
         try:
             data.load("fashion-mnist", download=False)
         except data.DataError as e:
             pytest.skip(f"Fashion-MNIST is not installed here: {str(e).splitlines()[0]}")
-    path = ASSESSMENT / ("solutions" if script.startswith("reference") else "") / script
     if expected == "passed":
-        idle_enough()
-    r = run(path, launcher, target)
+        budget, grace = real.budget_s * ROOM_FOR_REFERENCES, real.grace_s * ROOM_FOR_REFERENCES
+    else:
+        budget, grace = STARTER_BUDGET_S[target], min(real.grace_s, 10.0)
+    t = dataclasses.replace(real, budget_s=budget, grace_s=grace)
+    path = ASSESSMENT / ("solutions" if script.startswith("reference") else "") / script
+    r = run(path, launcher, t)
     if expected == "passed":
         assert (r.reason, r.exit_code) == ("passed", 0), r.text()
-        assert r.accuracy >= t.accuracy and r.elapsed_s <= t.budget_s
-        assert r.test_samples == len(data.load(t.dataset).y_test)
+        assert r.accuracy >= real.accuracy and r.elapsed_s <= t.budget_s
+        assert r.test_samples == len(data.load(real.dataset).y_test)
     else:
         assert r.reason in ("timeout", "over_budget") and r.exit_code == 1, r.text()
         assert r.elapsed_s > t.budget_s
         if r.reason == "timeout":
-            assert "too slow" in r.message  # it was computing, not stuck
+            assert "too slow" in r.message, r.text()  # it was computing, not stuck

@@ -87,15 +87,16 @@ def test_resume_continues_exactly_where_it_stopped(tmp_path):
     assert len(resumed.history.epochs) == 2
 
 
-def test_gradient_accumulation_equals_the_big_batch():
-    x, y = blobs(n=128)
+@pytest.mark.parametrize("n", [128, 120])  # 120: the last group has 3 micro-batches, not 4
+def test_gradient_accumulation_equals_the_big_batch(n: int):
+    x, y = blobs(n=n)
     big_model, big_opt = make()
     big_opt = torch.optim.SGD(big_model.parameters(), lr=0.1)
     Trainer(big_model, big_opt, progress=False).fit([(x[i:i + 32], y[i:i + 32])
-                                                      for i in range(0, 128, 32)], epochs=1)
+                                                      for i in range(0, n, 32)], epochs=1)
     acc_model, _ = make()
     acc_opt = torch.optim.SGD(acc_model.parameters(), lr=0.1)
-    micro = [(x[i:i + 8], y[i:i + 8]) for i in range(0, 128, 8)]
+    micro = [(x[i:i + 8], y[i:i + 8]) for i in range(0, n, 8)]
     trainer = Trainer(acc_model, acc_opt, progress=False, grad_accum_steps=4)
     trainer.fit(micro, epochs=1)
     assert trainer.step == 4
@@ -156,3 +157,29 @@ def test_bad_arguments():
         Trainer(model, opt, grad_accum_steps=0)
     with pytest.raises(ValueError, match="empty"):
         evaluate(model, [])
+
+
+def test_progress_bar_total_follows_a_batch_that_grows(monkeypatch):
+    import io
+
+    import tqdm.auto
+
+    bars = []
+
+    class Recorded(tqdm.auto.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, file=io.StringIO(), **kwargs)
+            bars.append(self)
+
+    class Doubling(Callback):
+        def on_epoch_start(self, trainer, epoch):
+            loader.batch_size = 16 * 2 ** epoch
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
+    x, y = blobs(n=128)
+    loader = ShuffledBatches(x, y, 16)
+    model, opt = make()
+    trainer = Trainer(model, opt, progress=True, callbacks=[Doubling()])
+    trainer.fit(loader, epochs=3)
+    assert trainer.step == 8 + 4 + 2
+    assert bars[0].n == bars[0].total == trainer.step  # not 3 x 8 steps, as at the start

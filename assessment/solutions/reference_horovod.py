@@ -27,13 +27,17 @@ from lab_utils.loader import TensorLoader
 
 CHECKPOINT = "checkpoint.pt"
 
+# The starter's recipe (batch_size and lr are its single-process values) and the
+# batch of each process here. On CPU a batch of 128 per process halves the number
+# of all-reduces and computes a little more efficiently than 64; the learning rate
+# follows the global batch.
 RECIPES = {
     "fashion-mnist": {"arch": "fmnist_cnn", "kwargs": {"width": 16}, "epochs": 3,
-                      "batch_size": 64, "lr": 0.05, "augment": False},
+                      "batch_size": 64, "lr": 0.05, "augment": False, "per_process_batch": 128},
     "cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 64}, "epochs": 16,
-                "batch_size": 256, "lr": 0.2, "augment": True},
+                "batch_size": 256, "lr": 0.2, "augment": True, "per_process_batch": 256},
     "synthetic-cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 16}, "epochs": 2,
-                          "batch_size": 64, "lr": 0.05, "augment": True},
+                          "batch_size": 64, "lr": 0.05, "augment": True, "per_process_batch": 64},
 }
 
 
@@ -87,7 +91,7 @@ def main() -> None:
     torch.manual_seed(args.seed + hvd.rank())  # a different augmentation stream per rank
 
     train_loader = TensorLoader.from_dataset(
-        ds, "train", recipe["batch_size"], shuffle=True, seed=args.seed, rank=hvd.rank(),
+        ds, "train", recipe["per_process_batch"], shuffle=True, seed=args.seed, rank=hvd.rank(),
         world_size=hvd.size(), drop_last=True, augment=recipe["augment"], crop_pad=4,
         device=device, channels_last=cuda)
     test_loader = TensorLoader.from_dataset(ds, "test", 1000, rank=hvd.rank(),
@@ -95,7 +99,8 @@ def main() -> None:
                                             channels_last=cuda)
 
     k = hvd.size()
-    lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], recipe["batch_size"] * k, "linear")
+    batch = recipe["per_process_batch"] * k  # the global batch of one step
+    lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], batch, "linear")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
                                 weight_decay=5e-4)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -103,11 +108,11 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     total_steps = epochs * len(train_loader)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
-        total_steps, warmup_steps=max(1, len(train_loader) // 2), warmup_start=1 / k,
-        decay="linear"))
+        total_steps, warmup_steps=max(1, len(train_loader) // 2),
+        warmup_start=recipe["batch_size"] / batch, decay="linear"))
     autocast_dtype = torch.bfloat16 if cuda else None
     print0(f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} epochs, "
-           f"batch {recipe['batch_size']} x {k} Horovod processes, lr {lr:g}")
+           f"batch {recipe['per_process_batch']} x {k} Horovod processes, lr {lr:g}")
 
     for epoch in range(epochs):
         train_loader.set_epoch(epoch)
