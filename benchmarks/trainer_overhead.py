@@ -64,8 +64,8 @@ def compare(arch: str, kwargs: dict, loader: TensorLoader, rounds: int) -> dict[
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     ds = fashion_mnist()
-    n, batch, cnn_kwargs = (256, 64, {"width": 8}) if settings.quick else (3840, 128, {})
-    rounds = settings.rounds(full=9)
+    n, batch, cnn_kwargs = (256, 64, {"width": 8}) if settings.quick else (7680, 128, {})
+    rounds = settings.rounds(full=11)
     train = ds.subset(n_train=n, n_test=0)
     device = profile.device()
     loader = TensorLoader.from_dataset(train, "train", batch, drop_last=True, device=device)
