@@ -58,7 +58,11 @@ def test_timeout_kills_the_whole_tree():
 
 def test_interrupt_leaves_no_process_behind():
     marker = "hang.py"
+    # Python leaves SIGINT ignored when it starts with it ignored (a job started in the
+    # background of a script, as CI runners may): a kernel handles it, so do that here.
     code = textwrap.dedent(f"""
+        import signal
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from lab_utils import launch
         try:
             launch.run({str(JOBS / marker)!r}, nprocs=2, launcher="mpirun", timeout=120,
@@ -80,7 +84,11 @@ def test_interrupt_leaves_no_process_behind():
         proc.kill()
         pytest.fail("the job's workers never started")
     proc.send_signal(signal.SIGINT)  # what Jupyter's stop button does
-    out, _ = proc.communicate(timeout=60)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     assert "interrupted cleanly" in out
     assert processes_matching(str(JOBS / marker)) == []
 
