@@ -166,6 +166,10 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
     report.output_tail = job.tail()
     report.leftover_processes = job.leftovers
     report.environment["cpu_s"] = round(job.cpu_s, 1)
+    idle_ranks = underused_cores(job.cpu_s, job.elapsed, nprocs, target.threads_per_proc,
+                                 target.profile)
+    if idle_ranks:
+        report.warnings.append(idle_ranks)
     if job.leftovers:
         report.warnings.append(f"{job.leftovers} process(es) of the job outlived it and were "
                                "killed by the grader")
@@ -207,6 +211,26 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
     else:
         report.set("passed", f"test accuracy {acc:.2%} >= {need:.2%} in {job.elapsed:.1f} s "
                              f"<= {target.budget_s:g} s")
+
+
+def underused_cores(cpu_s: float, elapsed_s: float, nprocs: int,
+                    threads_per_proc: int | None, profile: str) -> str:
+    """A warning when a CPU job kept far fewer cores busy than it had processes.
+
+    On the CPU targets every process has one core; a data-parallel job keeps them
+    all busy (the references about 1.8 of 2). A job that used about one core did
+    its work in one process: a serial script made fast can meet a CPU target that
+    way, and only reading its code tells. Empty when there is nothing to say.
+    """
+    if profile == "gpu" or nprocs < 2 or elapsed_s <= 0:
+        return ""
+    cores = nprocs * (threads_per_proc or 1)
+    busy = cpu_s / elapsed_s
+    if busy >= 0.6 * cores:
+        return ""
+    return (f"the job kept {busy:.1f} of its {cores} cores busy on average: were all "
+            f"{nprocs} processes training? A fast serial script can meet a CPU target on "
+            "one core; check by hand that the work is data-parallel")
 
 
 def _why_stopped(job: sandbox.JobOutcome) -> str:

@@ -228,6 +228,15 @@ def test_calibrate_puts_the_budget_between_reference_and_starter() -> None:
     assert again.calibration["starter_s"] == 100.0
 
 
+def test_a_job_that_used_one_of_its_cores_is_flagged() -> None:
+    assert grade.underused_cores(110.0, 62.0, 2, 1, "cpu") == ""  # the DDP reference
+    assert grade.underused_cores(190.0, 96.0, 2, 1, "cpu") == ""  # the starter, twice
+    one_core = grade.underused_cores(60.0, 57.0, 2, 1, "cpu")  # one rank trains, one waits
+    assert "1.1 of its 2 cores" in one_core and "data-parallel" in one_core
+    assert grade.underused_cores(60.0, 57.0, 2, 1, "gpu") == ""  # GPUs do the work there
+    assert grade.underused_cores(1.0, 57.0, 1, 1, "cpu") == ""  # one process: nothing to compare
+
+
 # --------------------------------------------------------------------------- command line
 def test_cli_syntax_error_is_broken_without_starting_anything(tmp_path: Path, capsys) -> None:
     src = tmp_path / "syntax_error.py"
