@@ -39,7 +39,6 @@ from . import targets as targets_mod
 from .report import EXIT_ERROR, Report
 from .targets import Target
 
-SUBMISSION_ARGS = ("--dataset", "--budget")  # what every submission is called with
 EVAL_BATCH = 1000
 TEST_SUBSET_SEED = 0
 IDLE_CORES = 0.15  # a stopped job using less CPU than this was waiting, not computing

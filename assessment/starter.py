@@ -42,8 +42,8 @@ RECIPES = {
 }
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(description: str | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cifar10", choices=sorted(RECIPES))
     p.add_argument("--budget", type=float, default=None,
                    help="the target's time budget in seconds (given by the grader)")

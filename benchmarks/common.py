@@ -16,7 +16,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -135,13 +134,6 @@ def synchronize(device: Any) -> None:
 
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], Any]) -> float:
-    """Seconds one call of ``fn`` takes (wall clock)."""
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
 
 
 def alternate(contenders: Mapping[str, Callable[[], float | None]], rounds: int,
@@ -266,6 +258,19 @@ def describe(m: Mapping[str, Any]) -> str:
             f"Python {m['python']}, {m['os']}")
 
 
-def python() -> str:
-    """The interpreter that runs the benchmarks (also used for child processes)."""
-    return sys.executable
+def horovod_problem() -> str:
+    """Why Horovod cannot be used here, or ``""`` when its PyTorch support works."""
+    from lab_utils import launch
+
+    try:
+        horovodrun = launch._bin("horovodrun")
+    except launch.LaunchError as e:
+        return str(e)
+    try:
+        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True,
+                             timeout=120)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"horovodrun --check-build failed: {e}"
+    if out.returncode != 0 or "[X] PyTorch" not in out.stdout:
+        return "Horovod is installed without PyTorch support (horovodrun --check-build)"
+    return ""

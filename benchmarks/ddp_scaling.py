@@ -12,12 +12,21 @@ Horovod runs ``train_horovod.py`` (the same training, converted to Horovod) unde
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 from lab_utils import launch
 
-from .common import REPO_ROOT, Report, Settings, Skip, alternate, median, paired_ratios, spread
+from .common import (
+    REPO_ROOT,
+    Report,
+    Settings,
+    Skip,
+    alternate,
+    horovod_problem,
+    median,
+    paired_ratios,
+    spread,
+)
 
 NAME = "ddp"
 TITLE = "DDP scaling 1 -> 2 processes (1 thread each); Horovod vs DDP"
@@ -34,22 +43,6 @@ def seconds_per_image(script: Path, launcher: str, nprocs: int, args: list[str],
     if not summaries or not summaries[-1].get("samples_per_s"):
         raise RuntimeError(f"{script.name} reported no throughput:\n{result.output[-2000:]}")
     return 1.0 / float(summaries[-1]["samples_per_s"])
-
-
-def horovod_problem() -> str:
-    """Why Horovod cannot be used here, or ``""`` when its PyTorch support works."""
-    try:
-        horovodrun = launch._bin("horovodrun")
-    except launch.LaunchError as e:
-        return str(e)
-    try:
-        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True,
-                             timeout=120)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"horovodrun --check-build failed: {e}"
-    if out.returncode != 0 or "[X] PyTorch" not in out.stdout:
-        return "Horovod is installed without PyTorch support (horovodrun --check-build)"
-    return ""
 
 
 def run(settings: Settings) -> Report:

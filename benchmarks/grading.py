@@ -21,9 +21,8 @@ from pathlib import Path
 
 from assessment import grade, targets
 
-from .common import REPO_ROOT, Report, Settings, alternate, median, spread
+from .common import REPO_ROOT, Report, Settings, alternate, horovod_problem, median, spread
 from .data import fashion_mnist
-from .ddp_scaling import horovod_problem
 
 NAME = "grading"
 TITLE = "Assessment target cpu-2proc: references within the budget, starter over it"

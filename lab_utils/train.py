@@ -44,6 +44,29 @@ class Callback:
     def on_fit_end(self, trainer: Trainer) -> None: ...
 
 
+class StepTimer(Callback):
+    """Training seconds per optimiser step, leaving out the first step of each epoch
+    (its shuffle and warm-up), and an optional stop after ``max_steps`` steps.
+
+    Reads ``steps`` and ``seconds`` after ``fit``; every rank stops at the same step.
+    """
+
+    def __init__(self, max_steps: int = 0) -> None:
+        self.max_steps, self.steps, self.seconds = max_steps, 0, 0.0
+        self._last: float | None = None
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        self._last = None
+
+    def on_batch_end(self, trainer: Trainer, step: int, loss: torch.Tensor) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.steps, self.seconds = self.steps + 1, self.seconds + now - self._last
+        self._last = now
+        if self.max_steps and trainer.step >= self.max_steps:
+            trainer.stop_training = True
+
+
 @dataclass
 class History:
     """What happened during training: one row per epoch and one per optimiser step."""

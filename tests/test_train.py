@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from lab_utils import metrics
-from lab_utils.train import Callback, Trainer, evaluate
+from lab_utils.train import Callback, StepTimer, Trainer, evaluate
 
 
 class ShuffledBatches:
@@ -183,3 +183,14 @@ def test_progress_bar_total_follows_a_batch_that_grows(monkeypatch):
     trainer.fit(loader, epochs=3)
     assert trainer.step == 8 + 4 + 2
     assert bars[0].n == bars[0].total == trainer.step  # not 3 x 8 steps, as at the start
+
+
+def test_step_timer_skips_each_epochs_first_step_and_stops_at_max_steps():
+    x, y = blobs(n=128)
+    model, opt = make()
+    timer = StepTimer(max_steps=6)
+    trainer = Trainer(model, opt, progress=False, callbacks=[timer], sync_every=1)
+    trainer.fit(ShuffledBatches(x, y, 32), epochs=5)  # 4 steps an epoch
+    assert trainer.step == 6 and trainer.stop_training
+    assert timer.steps == 4  # steps 2-4 of epoch 1 and step 2 of epoch 2
+    assert timer.seconds > 0

@@ -8,46 +8,29 @@ The starter, made data-parallel with Horovod; run it with ``horovodrun -np N`` o
 3. ``hvd.DistributedOptimizer`` averages the gradients (all-reduce) before each step;
 4. each rank trains on its own shard with a tensor-resident ``TensorLoader``;
 5. learning rate scaled with the global batch and warmed up over half an epoch;
-6. exact evaluation: every rank counts its part of the test set, the counts are summed;
+6. exact evaluation: every rank counts its part of the test set and
+   ``lab_utils.train.evaluate`` sums the counts with Horovod's all-reduce;
 7. rank 0 alone saves ``checkpoint.pt``.
 """
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
 
+from assessment.starter import CHECKPOINT, RECIPES, parse_args
 from lab_utils import data, models, optim
 from lab_utils import profile as lprofile
 from lab_utils.loader import TensorLoader
+from lab_utils.train import evaluate
 
-CHECKPOINT = "checkpoint.pt"
-
-# The starter's recipe (batch_size and lr are its single-process values) and the
-# batch of each process here. On CPU a batch of 128 per process halves the number
-# of all-reduces and computes a little more efficiently than 64; the learning rate
-# follows the global batch.
-RECIPES = {
-    "fashion-mnist": {"arch": "fmnist_cnn", "kwargs": {"width": 16}, "epochs": 3,
-                      "batch_size": 64, "lr": 0.05, "augment": False, "per_process_batch": 128},
-    "cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 64}, "epochs": 16,
-                "batch_size": 256, "lr": 0.2, "augment": True, "per_process_batch": 256},
-    "synthetic-cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 16}, "epochs": 2,
-                          "batch_size": 64, "lr": 0.05, "augment": True, "per_process_batch": 64},
-}
-
-
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", default="cifar10", choices=sorted(RECIPES))
-    p.add_argument("--budget", type=float, default=None, help="time budget (informative)")
-    p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args()
+# Each process takes the starter's batch, except on Fashion-MNIST (the CPU target):
+# there 128 per process instead of 64 halves the all-reduces and computes a little
+# more efficiently on one core. The learning rate follows the global batch.
+PER_PROCESS_BATCH = {"fashion-mnist": 128}
 
 
 def print0(*args: object) -> None:
@@ -55,24 +38,10 @@ def print0(*args: object) -> None:
         print(*args, flush=True)
 
 
-@torch.no_grad()
-def test_accuracy(model: torch.nn.Module, loader: TensorLoader,
-                  autocast_dtype: torch.dtype | None) -> tuple[float, int]:
-    """Exact accuracy over all ranks' parts of the test set (no padding counted)."""
-    model.eval()
-    counts = torch.zeros(2, dtype=torch.float64)
-    for x, y in loader:
-        with torch.autocast(x.device.type, dtype=autocast_dtype,
-                            enabled=autocast_dtype is not None):
-            pred = model(x).argmax(1)
-        counts += torch.tensor([(pred == y).sum().item(), len(y)], dtype=torch.float64)
-    correct, n = hvd.allreduce(counts, op=hvd.Sum, name="test_counts").tolist()
-    return correct / n, int(n)
-
-
 def main() -> None:
-    args = parse_args()
+    args = parse_args(__doc__.split("\n\n")[0])
     recipe = RECIPES[args.dataset]
+    per_process = PER_PROCESS_BATCH.get(args.dataset, recipe["batch_size"])
     epochs = args.epochs or recipe["epochs"]
     start = time.perf_counter()
     hvd.init()
@@ -91,7 +60,7 @@ def main() -> None:
     torch.manual_seed(args.seed + hvd.rank())  # a different augmentation stream per rank
 
     train_loader = TensorLoader.from_dataset(
-        ds, "train", recipe["per_process_batch"], shuffle=True, seed=args.seed, rank=hvd.rank(),
+        ds, "train", per_process, shuffle=True, seed=args.seed, rank=hvd.rank(),
         world_size=hvd.size(), drop_last=True, augment=recipe["augment"], crop_pad=4,
         device=device, channels_last=cuda)
     test_loader = TensorLoader.from_dataset(ds, "test", 1000, rank=hvd.rank(),
@@ -99,7 +68,7 @@ def main() -> None:
                                             channels_last=cuda)
 
     k = hvd.size()
-    batch = recipe["per_process_batch"] * k  # the global batch of one step
+    batch = per_process * k  # the global batch of one step
     lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], batch, "linear")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
                                 weight_decay=5e-4)
@@ -112,7 +81,7 @@ def main() -> None:
         warmup_start=recipe["batch_size"] / batch, decay="linear"))
     autocast_dtype = torch.bfloat16 if cuda else None
     print0(f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} epochs, "
-           f"batch {recipe['per_process_batch']} x {k} Horovod processes, lr {lr:g}")
+           f"batch {per_process} x {k} Horovod processes, lr {lr:g}")
 
     for epoch in range(epochs):
         train_loader.set_epoch(epoch)
@@ -129,8 +98,9 @@ def main() -> None:
                 print0(f"epoch {epoch + 1} step {step}/{len(train_loader)} loss "
                        f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s")
 
-    acc, n = test_accuracy(model, test_loader, autocast_dtype)
-    print0(f"test accuracy {acc:.2%} on {n} images after {time.perf_counter() - start:.0f}s")
+    result = evaluate(model, test_loader, autocast_dtype=autocast_dtype)  # sums with hvd.allreduce
+    print0(f"test accuracy {result['acc']:.2%} on {result['n']} images after "
+           f"{time.perf_counter() - start:.0f}s")
     if hvd.rank() == 0:
         models.save(CHECKPOINT, model)
     hvd.barrier()  # every rank waits until rank 0 has saved

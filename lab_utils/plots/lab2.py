@@ -232,6 +232,21 @@ def param_differences(a: Mapping[str, Any], b: Mapping[str, Any], *, label: str 
     return ax
 
 
+def _bars_and_calls(ax: plt.Axes, labels: list[str], ms: list[float], calls: list[float],
+                    color: str, xlabel: str, per: str, title: str) -> None:
+    """Milliseconds per ``per`` as bars, all-reduce calls per ``per`` as a red line."""
+    x = np.arange(len(labels))
+    ax.bar(x, ms, color=color, alpha=0.7)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"ms per {per}", color=color)
+    twin = ax.twinx()
+    twin.plot(x, calls, "o-", color="tab:red")
+    twin.set_ylabel(f"all-reduce calls per {per}", color="tab:red")
+    twin.set_ylim(0, None)
+    ax.set_title(title)
+
+
 def ddp_knobs(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
     """Bucket size (all-reduce calls and time per step) and no_sync accumulation
     (all-reduce calls and time per micro-batch), from ``ddp_bench.py``'s records."""
@@ -239,26 +254,15 @@ def ddp_knobs(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
                      key=lambda r: r["bucket_cap_mb"])
     accum = sorted((r for r in records if r.get("event") == "accum"), key=lambda r: r["accum"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    x = np.arange(len(buckets))
-    ax1.bar(x, [r["seconds_per_step"] * 1e3 for r in buckets], color="tab:blue", alpha=0.7)
-    ax1.set_xticks(x, [f"{r['bucket_cap_mb']:g} MB" for r in buckets])
-    ax1.set_xlabel("bucket_cap_mb")
-    ax1.set_ylabel("ms per step", color="tab:blue")
-    twin = ax1.twinx()
-    twin.plot(x, [r["allreduce_calls_per_step"] for r in buckets], "o-", color="tab:red")
-    twin.set_ylabel("all-reduce calls per step", color="tab:red")
-    twin.set_ylim(0, None)
-    ax1.set_title("gradient buckets")
-    x = np.arange(len(accum))
-    ax2.bar(x, [r["seconds_per_micro_batch"] * 1e3 for r in accum], color="tab:green", alpha=0.7)
-    ax2.set_xticks(x, [f"{r['accum']}" for r in accum])
-    ax2.set_xlabel("micro-batches per optimiser step (no_sync on all but the last)")
-    ax2.set_ylabel("ms per micro-batch", color="tab:green")
-    twin2 = ax2.twinx()
-    twin2.plot(x, [r["allreduce_calls_per_micro_batch"] for r in accum], "o-", color="tab:red")
-    twin2.set_ylabel("all-reduce calls per micro-batch", color="tab:red")
-    twin2.set_ylim(0, None)
-    ax2.set_title("gradient accumulation with no_sync")
+    _bars_and_calls(ax1, [f"{r['bucket_cap_mb']:g} MB" for r in buckets],
+                    [r["seconds_per_step"] * 1e3 for r in buckets],
+                    [r["allreduce_calls_per_step"] for r in buckets], "tab:blue",
+                    "bucket_cap_mb", "step", "gradient buckets")
+    _bars_and_calls(ax2, [str(r["accum"]) for r in accum],
+                    [r["seconds_per_micro_batch"] * 1e3 for r in accum],
+                    [r["allreduce_calls_per_micro_batch"] for r in accum], "tab:green",
+                    "micro-batches per optimiser step (no_sync on all but the last)",
+                    "micro-batch", "gradient accumulation with no_sync")
     fig.tight_layout()
     return fig
 

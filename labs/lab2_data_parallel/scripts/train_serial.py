@@ -7,13 +7,12 @@ with the changes that make it data-parallel.
 """
 
 import argparse
-import time
 
 import torch
 
 from lab_utils import data, metrics, models, profile
 from lab_utils.loader import TensorLoader
-from lab_utils.train import Callback, Trainer
+from lab_utils.train import StepTimer, Trainer
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -48,24 +47,6 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     if args.dataset == "fashion-mnist":  # no BatchNorm: see the equivalence test in the notebook
         return models.build("fmnist_cnn", width=args.width, batch_norm=False)
     return models.build("resnet_cifar", width=args.width)
-
-
-class StepTimer(Callback):
-    """Training time per step, without the first step of each epoch (warm-up, shuffle)."""
-
-    def __init__(self, max_steps: int = 0) -> None:
-        self.max_steps, self.steps, self.seconds, self._last = max_steps, 0, 0.0, None
-
-    def on_epoch_start(self, trainer, epoch):
-        self._last = None
-
-    def on_batch_end(self, trainer, step, loss):
-        now = time.perf_counter()
-        if self._last is not None:
-            self.steps, self.seconds = self.steps + 1, self.seconds + now - self._last
-        self._last = now
-        if self.max_steps and trainer.step >= self.max_steps:
-            trainer.stop_training = True  # every rank stops at the same step
 
 
 def main() -> None:
