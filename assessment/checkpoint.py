@@ -162,7 +162,7 @@ def rebuild(ckpt: dict[str, Any], allowed: Sequence[str]) -> tuple[nn.Module, li
     try:
         with torch.device("meta"):  # shapes only: a huge width costs no memory here
             skeleton = models.build(arch, **kwargs)
-    except (TypeError, ValueError) as e:
+    except Exception as e:  # e.g. a negative width: the submission's fault, not ours
         raise CheckpointRejected("wrong_arch", f"kwargs {kwargs} do not fit arch {arch!r}: "
                                  f"{e}") from None
     _compare(skeleton.state_dict(), sd, arch, kwargs)

@@ -63,6 +63,23 @@ def load_test_split(target: Target) -> TestSplit:
     return TestSplit(ds.x_test.clone(), ds.y_test.clone(), tuple(ds.mean), tuple(ds.std))
 
 
+def check_fits(model: torch.nn.Module, split: TestSplit) -> None:
+    """Refuse a model that cannot take the split's images or name all its classes
+    (e.g. built for CIFAR-10 and submitted for Fashion-MNIST): the submission's fault."""
+    classes = int(split.y.max()) + 1
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros(1, *split.x.shape[1:]))
+    except Exception as e:  # a shape mismatch inside the network
+        raise ckpt_mod.CheckpointRejected(
+            "wrong_arch", f"the model cannot take images of shape {tuple(split.x.shape[1:])}: "
+                          f"{type(e).__name__}: {e}") from None
+    if out.dim() != 2 or out.shape[1] < classes:
+        raise ckpt_mod.CheckpointRejected(
+            "wrong_arch", f"the model returns shape {tuple(out.shape)} for one image; the "
+                          f"dataset needs (1, {classes}) logits")
+
+
 def measure_accuracy(model: torch.nn.Module, split: TestSplit) -> tuple[float, int]:
     """Accuracy of ``model`` on ``split``, computed by the course's tested evaluation."""
     device = lprofile.device()
@@ -191,6 +208,7 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
         path = ckpt_mod.locate(ws.workdir)
         ckpt = ckpt_mod.read(path, target.max_checkpoint_mb)
         model, notes = ckpt_mod.rebuild(ckpt, target.archs)
+        check_fits(model, split)
     except ckpt_mod.CheckpointRejected as e:
         report.set(e.reason, str(e))
         return

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from lab_utils import launch
+from lab_utils import launch, reaper
 
 TAG_VAR = "LABS_GRADE_JOB"  # every process of a graded job carries this in its environment
 WEIGHT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npz", ".npy", ".pkl")
@@ -100,9 +100,14 @@ def prepare(submission: str | os.PathLike, entry: str = "train.py") -> Workspace
     return Workspace(root=root, workdir=workdir, script=script, ignored=ignored)
 
 
+def sources(workdir: Path) -> list[Path]:
+    """The copied ``.py`` files (a folder named ``x.py`` is not one)."""
+    return sorted(p for p in workdir.rglob("*.py") if p.is_file())
+
+
 def syntax_error(workdir: Path) -> str | None:
     """The first syntax error in the copied ``.py`` files, or ``None`` (nothing is run)."""
-    for path in sorted(workdir.rglob("*.py")):
+    for path in sources(workdir):
         try:
             compile(path.read_bytes(), str(path.relative_to(workdir)), "exec",
                     dont_inherit=True)
@@ -116,7 +121,7 @@ def syntax_error(workdir: Path) -> str | None:
 def reads_test_split(workdir: Path) -> bool:
     """Whether the source mentions the test split (allowed for evaluation only)."""
     pattern = re.compile(r"\b[xy]_test\b|[\"']test[\"']")
-    return any(pattern.search(p.read_text(errors="replace")) for p in workdir.rglob("*.py"))
+    return any(pattern.search(p.read_text(errors="replace")) for p in sources(workdir))
 
 
 # --------------------------------------------------------------------------- running
@@ -162,7 +167,7 @@ class _CpuWatch(threading.Thread):
     def run(self) -> None:
         used = 0.0
         while not self._done.is_set():
-            for p in _descendants():
+            for p in reaper.descendants():
                 try:
                     key = (p.pid, p.create_time())
                     t = p.cpu_times()
@@ -188,13 +193,6 @@ class _CpuWatch(threading.Thread):
         return (u1 - u0) / (t1 - t0) if t1 > t0 else None
 
 
-def _descendants() -> list[psutil.Process]:
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-
-
 @dataclass
 class JobOutcome:
     """What the grader saw of one job."""
@@ -206,7 +204,6 @@ class JobOutcome:
     busy_cores: float | None  # CPU cores the job kept busy in the seconds before it ended
     cpu_s: float  # CPU time (user + system) of the whole process tree
     lines: list[tuple[int | None, str]]
-    command: list[str]
     leftovers: int = 0  # processes found alive after the job (and killed)
 
     def tail(self, n: int = 40) -> list[str]:
@@ -252,14 +249,15 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
     finally:
         end = time.monotonic()
         watch.stop()
+        # Even when launch.run raised: a worker in a session of its own may be left.
+        leftovers = reap_leftovers(ws.job_id, ws.root)
     last = clock.stopped_at or end  # the end of the job as the job itself lived it
     silent = last - (clock.last_output or start)
     outcome = JobOutcome(returncode=result.returncode, timed_out=result.timed_out,
                          elapsed=end - start, silent_for=silent,
                          busy_cores=watch.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
                          cpu_s=_children_cpu() - cpu0, lines=list(result.lines),
-                         command=list(result.command))
-    outcome.leftovers = reap_leftovers(ws.job_id, ws.root)
+                         leftovers=leftovers)
     return outcome
 
 

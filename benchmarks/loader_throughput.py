@@ -100,7 +100,8 @@ def run(settings: Settings) -> Report:
     for name, dl in loaders.items():
         contenders[name] = lambda dl=dl: epoch_seconds(dl, n, device)
     times = alternate(contenders, rounds=rounds, warmup=1)
-    loaders.clear()  # ends the worker processes
+    contenders.clear()  # the last references to the DataLoaders: their workers end
+    loaders.clear()
 
     for name, secs in times.items():
         report.add(name, n / median(secs), "img/s")

@@ -324,6 +324,15 @@ def ring_all_gather(chunks: Sequence[torch.Tensor], comm: Comm) -> None:
         _exchange(comm, chunks[send_i], chunks[recv_i])
 
 
+def _check_op(op: str, tensor: torch.Tensor) -> None:
+    """Refuse a bad ``op`` before any rank sends: a late error would leave the others waiting."""
+    if op not in _COMBINE:
+        raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
+    if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(f"op='mean' needs a floating-point tensor, not {tensor.dtype}; "
+                        "use op='sum' and divide yourself")
+
+
 def ring_all_reduce(tensor: torch.Tensor, comm: Comm | None = None, op: str = "sum") -> torch.Tensor:
     """All-reduce ``tensor`` over ``comm``'s ranks with the ring algorithm.
 
@@ -332,11 +341,7 @@ def ring_all_reduce(tensor: torch.Tensor, comm: Comm | None = None, op: str = "s
     ``max``, ``min`` or ``prod``. ``comm`` defaults to a :class:`TorchComm` over the
     whole job.
     """
-    if op not in _COMBINE:
-        raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
-    if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise TypeError(f"op='mean' needs a floating-point tensor, not {tensor.dtype}; "
-                        "use op='sum' and divide yourself")
+    _check_op(op, tensor)
     comm = comm if comm is not None else TorchComm()
     result = tensor.detach().clone().contiguous()
     n = comm.world_size
@@ -355,8 +360,7 @@ def server_all_reduce(tensor: torch.Tensor, comm: Comm | None = None, server: in
     """All-reduce through one central rank: everyone sends to ``server``, which combines
     and sends the result back. Same answer as the ring; the server's link carries
     ``2 (N - 1)`` times the tensor's size."""
-    if op not in _COMBINE:
-        raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
+    _check_op(op, tensor)
     comm = comm if comm is not None else TorchComm()
     result = tensor.detach().clone().contiguous()
     n = comm.world_size

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import profile
+from . import metrics, profile
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -187,9 +187,6 @@ def _horovod() -> Any:
         return None
 
 
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
-
-
 def rank() -> int:
     """This process's global rank: from the process group, Horovod, or the launcher's
     environment (so it stays right after :func:`shutdown`)."""
@@ -198,7 +195,7 @@ def rank() -> int:
     hvd = _horovod()
     if hvd is not None:
         return hvd.rank()
-    return next((int(os.environ[v]) for v in _RANK_VARS if os.environ.get(v, "") != ""), 0)
+    return metrics.env_rank()
 
 
 def world_size() -> int:

@@ -16,11 +16,12 @@ from typing import Any
 ENV_VAR = "LABS_METRICS_FILE"
 
 
-def _is_rank0() -> bool:
-    for var in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK"):
-        if var in os.environ:
-            return int(os.environ[var]) == 0
-    return True
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
+
+
+def env_rank() -> int:
+    """The global rank a launcher put in the environment (0 when none did)."""
+    return next((int(os.environ[v]) for v in RANK_VARS if os.environ.get(v, "") != ""), 0)
 
 
 def _jsonable(value: Any) -> Any:
@@ -33,7 +34,7 @@ def _jsonable(value: Any) -> Any:
 
 def emit(record: dict[str, Any], path: str | os.PathLike | None = None) -> None:
     """Append ``record`` as one JSON line to ``path`` and ``$LABS_METRICS_FILE`` (rank 0)."""
-    if not _is_rank0():
+    if env_rank() != 0:
         return
     line = json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n"
     targets = {Path(p) for p in (path, os.environ.get(ENV_VAR)) if p}

@@ -273,13 +273,19 @@ class Trainer:
             self._call("on_batch_end", self.step, loss.detach())
             if bar is not None:
                 bar.update(1)
-            if self.step % self.sync_every == 0:
+            synced = self.step % self.sync_every == 0
+            if synced:
                 self._check_finite(loss.detach())
                 self._agree_to_stop()
                 if bar is not None:
                     bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss.item():.4f}")
-            if self.stop_training:
+            # Several ranks leave only at an agreement, or one would wait in a collective.
+            if self.stop_training and (synced or ldist.world_size() == 1):
                 break
+        if micro:  # a loader without a length ended inside a group: step what it has
+            step_lrs.append(self.optimizer.param_groups[0]["lr"])
+            self._optimizer_step()
+            step_losses.append(loss.detach())
         first = self.step - len(step_losses) + 1
         for k, (lo, lr) in enumerate(zip(torch.stack(step_losses).tolist() if step_losses
                                          else [], step_lrs)):

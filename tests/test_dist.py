@@ -34,9 +34,11 @@ def test_mpirun_without_rendezvous_derives_the_same_port_on_every_rank():
             "OMPI_MCA_ess_base_jobid": "987"}
     ports = {dist.detect({**base, "OMPI_COMM_WORLD_RANK": str(r)}).master_port for r in (0, 1)}
     assert len(ports) == 1
-    assert 20000 <= ports.pop() < 50000
+    port = ports.pop()
+    assert 20000 <= port < 50000
     other = dist.detect({**base, "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_ess_base_jobid": "988"})
     assert other.master_addr == "127.0.0.1"
+    assert other.master_port != port  # two jobs side by side do not collide
 
 
 def test_multi_node_without_master_addr_is_a_clear_error():

@@ -194,6 +194,22 @@ def test_a_huge_width_is_refused_without_allocating_it() -> None:
     assert reason(checkpoint.rebuild, huge, ["resnet_cifar"]) == "wrong_shape"
 
 
+def test_impossible_kwargs_are_the_submissions_fault() -> None:
+    ok = good_checkpoint()
+    negative = {**ok, "kwargs": {**ok["kwargs"], "width": -1}}
+    assert reason(checkpoint.rebuild, negative, ["resnet_cifar"]) == "wrong_arch"
+
+
+def test_a_model_for_another_dataset_is_refused_before_evaluation() -> None:
+    cifar_model = models.build("resnet_cifar", width=8)  # 3 x 32 x 32 images, 10 classes
+    fmnist = grade.TestSplit(torch.zeros(4, 1, 28, 28, dtype=torch.uint8),
+                             torch.arange(4), (0.5,), (0.25,))
+    assert reason(grade.check_fits, cifar_model, fmnist) == "wrong_arch"
+    few_classes = models.build("fmnist_cnn", width=8, num_classes=3)
+    assert reason(grade.check_fits, few_classes, fmnist) == "wrong_arch"  # label 3 has no logit
+    grade.check_fits(models.build("fmnist_cnn", width=8), fmnist)  # the right one passes
+
+
 # --------------------------------------------------------------------------- reports
 def test_report_statuses_exit_codes_and_json(tmp_path: Path) -> None:
     r = Report("s.py", "t", "fashion-mnist", "torchrun", 2, 60, 10, 0.9)

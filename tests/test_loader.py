@@ -174,6 +174,8 @@ def test_augmentation_uses_global_rng_so_seeding_reproduces_it():
     torch.manual_seed(7)
     b = random_flip(random_crop(x, 2))
     assert torch.equal(a, b)
+    torch.manual_seed(8)
+    assert not torch.equal(a, random_flip(random_crop(x, 2)))  # the seed does steer it
 
 
 def test_loader_augments_only_when_asked():
