@@ -13,7 +13,6 @@ Defaults come from the run profile (``LABS_PROFILE`` or ``--profile``).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from . import data, dist, models
+from . import data, dist, models, optim
 from . import profile as lprofile
 from .loader import TensorLoader
 from .train import Trainer
@@ -75,18 +74,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def warmup_cosine(total_steps: int, warmup_steps: int):
-    """LR factor: linear warm-up from ~0 to 1, then cosine decay to 0."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        t = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
-
-    return factor
-
-
 def native_bf16(device: torch.device) -> bool:
     """Whether bfloat16 autocast speeds up training on ``device``'s CPU.
 
@@ -132,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 nesterov=args.momentum > 0, weight_decay=args.weight_decay)
     steps = epochs * len(train_loader)
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_cosine(steps, max(1, int(args.warmup_epochs * len(train_loader)))))
+    warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
+    schedule = optim.lambda_lr(optimizer, optim.lr_schedule(steps, warmup_steps=warm,
+                                                            decay="cosine"))
     net = DDP(model) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,
@@ -148,8 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'bf16 autocast' if bf16 else 'fp32'}"
                 f"{', channels-last' if args.channels_last else ''}")
     start = time.perf_counter()
+    before = len(trainer.history.epochs)
     trainer.fit(train_loader, epochs, val_loader=test_loader if args.eval_every_epoch else None)
-    result = trainer.evaluate(test_loader)
+    last = trainer.history.epochs[-1] if len(trainer.history.epochs) > before else {}
+    if "val_acc" in last:  # the last epoch already evaluated the final model on the test set
+        result = {"acc": last["val_acc"], "loss": last["val_loss"], "n": len(ds.x_test)}
+    else:
+        result = trainer.evaluate(test_loader)
     seconds = time.perf_counter() - start
     dist.print0(f"test accuracy {result['acc']:.2%} (loss {result['loss']:.4f}, "
                 f"{result['n']} images) after {trainer.epoch} epochs in {seconds:.1f}s")

@@ -102,7 +102,7 @@ def build(arch: str, **kwargs: Any) -> nn.Module:
 
 
 # --------------------------------------------------------------------------- checkpoints
-def _unwrap(model: nn.Module) -> nn.Module:
+def unwrap(model: nn.Module) -> nn.Module:
     """The model inside DistributedDataParallel / DataParallel / torch.compile."""
     while isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
         model = model.module
@@ -115,7 +115,7 @@ def checkpoint(model: nn.Module, **extra: Any) -> dict[str, Any]:
     DDP / DataParallel / compiled wrappers are removed first, and the weights are
     copied to the CPU, so the dict loads anywhere and no longer changes with training.
     """
-    net = _unwrap(model)
+    net = unwrap(model)
     spec = getattr(net, "arch_spec", None)
     if spec is None:
         raise ValueError("this model was not made by lab_utils.models.build(), so its "

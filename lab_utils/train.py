@@ -26,6 +26,7 @@ from torch import nn
 from . import dist as ldist
 from . import metrics as lmetrics
 from . import models
+from .models import unwrap
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -87,11 +88,6 @@ class History:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epochs, self.steps = list(state["epochs"]), list(state["steps"])
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The bare model inside ``DistributedDataParallel`` / ``DataParallel``."""
-    return model.module if hasattr(model, "module") and isinstance(model.module, nn.Module) else model
 
 
 def _in_notebook() -> bool:
@@ -176,8 +172,8 @@ class Trainer:
         self.scheduler = scheduler
         net = unwrap(model)
         self.device = torch.device(device) if device is not None else next(net.parameters()).device
-        if not hasattr(model, "module"):
-            model.to(self.device)
+        if not isinstance(model, nn.parallel.DistributedDataParallel | nn.DataParallel):
+            model.to(self.device)  # a DDP wrapper already sits on its device
         self.callbacks = list(callbacks)
         self.max_seconds = max_seconds
         self.is_main = ldist.is_main()
