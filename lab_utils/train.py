@@ -34,7 +34,10 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class Callback:
     """Hooks into :meth:`Trainer.fit`; override the ones you need.
 
-    Set ``trainer.stop_training = True`` to end the fit after the current step.
+    Set ``trainer.stop_training = True`` to end the fit after the current step. With
+    several ranks, make that decision the same on every rank (a step count, a value
+    all-reduced first), or request it in :meth:`on_epoch_end`, where the Trainer
+    agrees on it across ranks: a rank that leaves alone leaves the others waiting.
     ``loss`` in :meth:`on_batch_end` is a detached 0-d tensor (no device sync).
     """
 
@@ -269,14 +272,12 @@ class Trainer:
             self._call("on_batch_end", self.step, loss.detach())
             if bar is not None:
                 bar.update(1)
-            synced = self.step % self.sync_every == 0
-            if synced:
+            if self.step % self.sync_every == 0:
                 self._check_finite(loss.detach())
                 self._agree_to_stop()
                 if bar is not None:
                     bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss.item():.4f}")
-            # Several ranks leave only at an agreement, or one would wait in a collective.
-            if self.stop_training and (synced or ldist.world_size() == 1):
+            if self.stop_training:
                 break
         if micro:  # a loader without a length ended inside a group: step what it has
             step_lrs.append(self.optimizer.param_groups[0]["lr"])
