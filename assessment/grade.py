@@ -22,71 +22,40 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
 import traceback
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from lab_utils import data as ldata
 from lab_utils import profile as lprofile
-from lab_utils.loader import TensorLoader
-from lab_utils.train import evaluate
 
-from . import checkpoint as ckpt_mod
-from . import sandbox
+from . import evaluate as eval_mod
+from . import integrity, jail, sandbox
 from . import targets as targets_mod
+from .evaluate import TestSplit, check_fits, measure_accuracy  # noqa: F401 - public here too
 from .report import EXIT_ERROR, Report
 from .targets import Target
 
-EVAL_BATCH = 1000
 TEST_SUBSET_SEED = 0
 IDLE_CORES = 0.15  # a stopped job using less CPU than this was waiting, not computing
+IDLE_RANK = 0.25  # a rank using less CPU than this share of the busiest one did not train
+UNSAFE_HEADLINE = ("UNSAFE: graded without a sandbox (--unsafe-no-sandbox): the submission "
+                   "could read the test split and change files; do not trust this verdict")
+REPO = Path(__file__).resolve().parent.parent
 
 
-@dataclass(frozen=True)
-class TestSplit:
-    """The held-out images the grader evaluates on, loaded before the job starts."""
-
-    x: torch.Tensor
-    y: torch.Tensor
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-
-def load_test_split(target: Target) -> TestSplit:
-    """The test split of the target's dataset (a fixed subset if the target says so)."""
+def load_test_split(target: Target) -> tuple[TestSplit, Path]:
+    """The test split of the target's dataset (a fixed subset if the target says so),
+    and the folder it was read from."""
     ds = ldata.load(target.dataset)
+    source = Path(ds.source)
     if target.test_samples is not None and target.test_samples < len(ds.x_test):
         ds = ds.subset(n_train=0, n_test=target.test_samples, seed=TEST_SUBSET_SEED)
     # Private copies: nothing the submission does to shared caches can reach them.
-    return TestSplit(ds.x_test.clone(), ds.y_test.clone(), tuple(ds.mean), tuple(ds.std))
-
-
-def check_fits(model: torch.nn.Module, split: TestSplit) -> None:
-    """Refuse a model that cannot take the split's images or name all its classes
-    (e.g. built for CIFAR-10 and submitted for Fashion-MNIST): the submission's fault."""
-    classes = int(split.y.max()) + 1
-    try:
-        with torch.no_grad():
-            out = model.eval()(torch.zeros(1, *split.x.shape[1:]))
-    except Exception as e:  # a shape mismatch inside the network
-        raise ckpt_mod.CheckpointRejected(
-            "wrong_arch", f"the model cannot take images of shape {tuple(split.x.shape[1:])}: "
-                          f"{type(e).__name__}: {e}") from None
-    if out.dim() != 2 or out.shape[1] < classes:
-        raise ckpt_mod.CheckpointRejected(
-            "wrong_arch", f"the model returns shape {tuple(out.shape)} for one image; the "
-                          f"dataset needs (1, {classes}) logits")
-
-
-def measure_accuracy(model: torch.nn.Module, split: TestSplit) -> tuple[float, int]:
-    """Accuracy of ``model`` on ``split``, computed by the course's tested evaluation."""
-    device = lprofile.device()
-    loader = TensorLoader(split.x, split.y, EVAL_BATCH, shuffle=False, even_shards=False,
-                          mean=split.mean, std=split.std, device=device)
-    result = evaluate(model.to(device), loader, device=device)
-    return float(result["acc"]), int(result["n"])
+    return TestSplit(ds.x_test.clone(), ds.y_test.clone(), tuple(ds.mean), tuple(ds.std)), source
 
 
 def default_target() -> str:
@@ -113,28 +82,56 @@ def _environment(target: Target) -> dict:
 
 def grade(submission: str | os.PathLike, target: Target, *, launcher: str | None = None,
           nprocs: int | None = None, entry: str = "train.py", echo: bool = False,
-          keep: bool = False) -> Report:
-    """Run and judge ``submission`` against ``target``; never raises for its faults."""
+          keep: bool = False, unsafe: bool = False) -> Report:
+    """Run and judge ``submission`` against ``target``; never raises for its faults.
+
+    The job runs in the sandbox of :mod:`assessment.jail`; where none can be made the
+    grade is a grader error, unless ``unsafe`` (then the report says so first).
+    """
     launcher = launcher or target.launcher
     nprocs = nprocs or target.processes
     report = Report(submission=str(submission), target=target.name, dataset=target.dataset,
                     launcher=launcher, nprocs=nprocs, budget_s=target.budget_s,
                     grace_s=target.grace_s, required_accuracy=target.accuracy)
+    ws = None
     try:
         report.environment = _environment(target)
+        if unsafe:
+            report.unsafe = True
+            report.warnings.append(UNSAFE_HEADLINE)
+        else:
+            jail.check()
+        report.environment["sandbox"] = "none (unsafe)" if unsafe else "bubblewrap"
         if target.status != "calibrated":
             report.warnings.append(f"target {target.name} is {target.status!r}: its numbers are "
                                    "reasoned, not measured here (see `lab-grade calibrate`)")
         if nprocs != target.processes:
             report.warnings.append(f"graded with {nprocs} processes; the target is set for "
                                    f"{target.processes}")
-        split = load_test_split(target)
+        split, source = load_test_split(target)
         ws = sandbox.prepare(submission, entry)
         report.workdir, report.job_id = str(ws.workdir), ws.job_id
+        grader_dir = ws.root / "grader"  # never shown to the job
+        grader_dir.mkdir()
+        split_file = grader_dir / "test-split.pt"
+        split.save(split_file)
+        data_dir = None if unsafe else jail.training_copy(target.dataset, ws.root / "data")
+        conf = sandbox.Confinement(data_dir=data_dir, memory_mb=target.memory_mb, repo=REPO,
+                                   gpu=target.profile == "gpu", sandboxed=not unsafe,
+                                   hide=[source])
+        guarded = _guarded_files(target, source, split_file)
+        before = integrity.snapshot(guarded, [REPO / p for p in integrity.CODE_PACKAGES])
+    except jail.JailError as e:
+        return report.set("grader_error", f"no sandbox can be made, so the submission was not "
+                                          f"run: {e}. To grade anyway, knowing that the "
+                                          "submission can then read the test split and change "
+                                          "your files, pass --unsafe-no-sandbox.")
     except (ldata.DataError, sandbox.SubmissionError, OSError, ValueError) as e:
+        if ws is not None:
+            ws.cleanup()
         return report.set("grader_error", f"{type(e).__name__}: {e}")
     try:
-        _judge(report, ws, target, split, launcher, nprocs, echo)
+        _judge(report, ws, target, launcher, nprocs, echo, conf, split_file, guarded, before)
     except Exception as e:  # a bug or an environment problem of the grader, not the student
         tb = traceback.format_exc(limit=-3).strip().splitlines()
         report.set("grader_error", f"{type(e).__name__}: {e}")
@@ -142,6 +139,7 @@ def grade(submission: str | os.PathLike, target: Target, *, launcher: str | None
     finally:
         if keep:
             report.warnings.append(f"working directory kept at {ws.workdir}")
+            shutil.rmtree(ws.root / "data", ignore_errors=True)
         else:
             ws.cleanup()
         if hasattr(os, "getloadavg"):
@@ -149,9 +147,21 @@ def grade(submission: str | os.PathLike, target: Target, *, launcher: str | None
     return report
 
 
-def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSplit,
-           launcher: str, nprocs: int, echo: bool) -> None:
-    """Fill in ``report``: run the job, then read and evaluate its checkpoint."""
+def _guarded_files(target: Target, source: Path, split_file: Path) -> list[Path]:
+    """What the verdict depends on: the grader's code, the target, the test data."""
+    files = integrity.code_files(REPO)
+    if target.path and Path(target.path).is_file():
+        files.append(Path(target.path).resolve())
+    files += sorted(p for p in source.iterdir() if p.is_file())
+    files.append(split_file)
+    return files
+
+
+def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str, nprocs: int,
+           echo: bool, conf: sandbox.Confinement, split_file: Path, guarded: list[Path],
+           before: dict[str, str]) -> None:
+    """Fill in ``report``: run the job, check nothing it must not touch changed, then
+    read and evaluate its checkpoint in a fresh process."""
     if ws.ignored:
         report.warnings.append(f"weight files in the submission were not copied: "
                                f"{', '.join(ws.ignored)}")
@@ -175,21 +185,36 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     args = ["--dataset", target.dataset, "--budget", f"{target.budget_s:g}"]
     job = sandbox.run_job(ws, args, launcher=launcher, nprocs=nprocs, deadline=target.deadline_s,
-                          env=env, threads_per_proc=target.threads_per_proc, echo=echo)
+                          env=env, threads_per_proc=target.threads_per_proc, echo=echo,
+                          confinement=conf)
     report.elapsed_s = round(job.elapsed, 2)
     report.timed_out = job.timed_out
     report.returncode = job.returncode
     report.output_tail = job.tail()
     report.leftover_processes = job.leftovers
     report.environment["cpu_s"] = round(job.cpu_s, 1)
+    report.environment["output_lines"] = job.line_count
+    if job.peak_memory_mb is not None:
+        report.environment["peak_memory_mb"] = job.peak_memory_mb
+    report.ranks = rank_table(job, nprocs)
     idle_ranks = underused_cores(job.cpu_s, job.elapsed, nprocs, target.threads_per_proc,
                                  target.profile)
     if idle_ranks:
         report.warnings.append(idle_ranks)
+    report.warnings += idle_rank_warnings(report.ranks, target.profile)
     if job.leftovers:
         report.warnings.append(f"{job.leftovers} process(es) of the job outlived it and were "
                                "killed by the grader")
 
+    altered = integrity.changed(before, integrity.snapshot(
+        guarded, [REPO / p for p in integrity.CODE_PACKAGES]))
+    if altered:
+        report.set("tampered", f"files the grader judges with changed during the job, so "
+                               f"nothing was evaluated: {', '.join(altered[:5])}"
+                               + (f" and {len(altered) - 5} more" if len(altered) > 5 else "")
+                               + ". Restore them (git checkout, reinstall the data) before "
+                               "grading anything else.")
+        return
     if job.timed_out:
         report.set("timeout", f"still running at budget + grace = {target.deadline_s:g} s, so "
                               f"every process was stopped; {_why_stopped(job)}")
@@ -197,25 +222,24 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
     if job.returncode != 0:
         err = job.first_error()
         msg = f"the job exited with status {job.returncode}"
+        if job.memory_killed:
+            msg += (f"; a process was killed for going over the memory limit of "
+                    f"{target.memory_mb:g} MB")
         msg += f"; first error: {err}" if err else "; no rank printed an error (see the output)"
-        if (ws.workdir / ckpt_mod.CHECKPOINT_NAME).exists():
+        if (ws.workdir / "checkpoint.pt").exists():
             msg += (". A checkpoint was written, so the failure came after it, e.g. at shutdown"
                     " (call dist.barrier() before destroy_process_group())")
         report.set("crashed", msg)
         return
 
-    try:
-        path = ckpt_mod.locate(ws.workdir)
-        ckpt = ckpt_mod.read(path, target.max_checkpoint_mb)
-        model, notes = ckpt_mod.rebuild(ckpt, target.archs)
-        check_fits(model, split)
-    except ckpt_mod.CheckpointRejected as e:
-        report.set(e.reason, str(e))
+    result = eval_mod.run(ws.workdir, split_file, list(target.archs), target.max_checkpoint_mb,
+                          REPO, env={**os.environ, "LABS_PROFILE": target.profile})
+    if result["reason"] is not None:
+        report.set(result["reason"], result["message"])
         return
-    report.warnings += notes
-    report.checkpoint = ckpt_mod.describe(ckpt, model, path)
-    report.accuracy, report.test_samples = measure_accuracy(model, split)
-    report.accuracy = round(report.accuracy, 5)
+    report.warnings += result["notes"]
+    report.checkpoint = result["checkpoint"]
+    report.accuracy, report.test_samples = result["accuracy"], result["test_samples"]
 
     acc, need = report.accuracy, target.accuracy
     if job.elapsed > target.budget_s:
@@ -228,6 +252,41 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, split: TestSpl
     else:
         report.set("passed", f"test accuracy {acc:.2%} >= {need:.2%} in {job.elapsed:.1f} s "
                              f"<= {target.budget_s:g} s")
+
+
+def rank_table(job: sandbox.JobOutcome, nprocs: int) -> list[dict]:
+    """Each rank's CPU time (sampled from outside) and share of the samples it logged
+    (records with ``rank`` and ``samples`` in the job's metrics, when there are any)."""
+    logged: dict[int, float] = {}
+    for rec in job.metrics:
+        if isinstance(rec.get("rank"), int) and isinstance(rec.get("samples"), (int, float)):
+            logged[rec["rank"]] = logged.get(rec["rank"], 0) + rec["samples"]
+    total = sum(logged.values())
+    rows = []
+    for rank in range(nprocs):
+        row = {"rank": rank, "cpu_s": round(job.rank_cpu_s.get(rank, 0.0), 1)}
+        if total > 0:
+            row["samples_share"] = round(logged.get(rank, 0) / total, 3)
+        rows.append(row)
+    return rows
+
+
+def idle_rank_warnings(ranks: list[dict], profile: str) -> list[str]:
+    """A warning for each rank that used far less CPU (or logged far fewer samples)
+    than the busiest one: it did not train its share, whatever the others did."""
+    if len(ranks) < 2:
+        return []
+    most = max(r["cpu_s"] for r in ranks)
+    out = []
+    for r in ranks:
+        few_cpu = profile != "gpu" and most > 0 and r["cpu_s"] < IDLE_RANK * most
+        few_samples = "samples_share" in r and r["samples_share"] < IDLE_RANK / len(ranks)
+        if few_cpu or few_samples:
+            what = (f"{r['cpu_s']:.1f} s of CPU against {most:.1f} s of the busiest rank"
+                    if few_cpu else f"{r['samples_share']:.0%} of the logged samples")
+            out.append(f"rank {r['rank']} did not train its share ({what}): the work is not "
+                       "data-parallel; check the code by hand")
+    return out
 
 
 def underused_cores(cpu_s: float, elapsed_s: float, nprocs: int,
@@ -294,6 +353,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--entry", default="train.py", help="entry script of a folder submission")
     p.add_argument("--quiet", "-q", action="store_true", help="do not stream the job's output")
     p.add_argument("--keep", action="store_true", help="keep the working directory (debugging)")
+    p.add_argument("--unsafe-no-sandbox", dest="unsafe", action="store_true",
+                   help="run the submission without the sandbox where none can be made "
+                        "(it can then read the test split and change files; the report "
+                        "says so first)")
     return p
 
 
@@ -303,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import calibrate
 
         return calibrate.main(argv[1:])
+    if argv[:1] == ["batch"]:
+        from . import batch
+
+        return batch.main(argv[1:])
     args = parser().parse_args(argv)
     if args.nprocs is not None and args.nprocs < 1:
         print("lab-grade: --nprocs must be >= 1", file=sys.stderr)
@@ -313,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lab-grade: {e}", file=sys.stderr)
         return EXIT_ERROR
     report = grade(args.submission, target, launcher=args.launcher, nprocs=args.nprocs,
-                   entry=args.entry, echo=not args.quiet, keep=args.keep)
+                   entry=args.entry, echo=not args.quiet, keep=args.keep, unsafe=args.unsafe)
     print("\n" + report.text(), flush=True)
     if args.json:
         try:

@@ -37,6 +37,7 @@ REASONS = {
     "wrong_arch": "broken",  # arch unknown, not allowed by the target, or kwargs do not fit
     "wrong_shape": "broken",  # state_dict keys or shapes do not fit the rebuilt model
     "nan_weights": "broken",  # weights or buffers hold NaN or infinity
+    "tampered": "broken",  # the job changed the grader's code, the target or the test data
     "grader_error": "error",  # the grader could not do its job
 }
 
@@ -67,6 +68,8 @@ class Report:
     workdir: str = ""  # the job's working directory (removed afterwards unless kept)
     job_id: str = ""  # the tag in the environment of every process of the job
     environment: dict[str, Any] = field(default_factory=dict)
+    ranks: list[dict[str, Any]] = field(default_factory=list)  # each rank's CPU time, samples
+    unsafe: bool = False  # graded without the sandbox (--unsafe-no-sandbox)
 
     @property
     def status(self) -> str:
@@ -111,6 +114,8 @@ class Report:
         if self.timed_out:
             took += f" (stopped at budget + grace = {self.budget_s + self.grace_s:g} s)"
         lines = [
+            *(["UNSAFE: graded without a sandbox; the submission could read the test split "
+               "and change files, so do not trust this verdict"] if self.unsafe else []),
             f"{headline}: {self.reason}",
             f"  {self.message}",
             "",
@@ -125,6 +130,11 @@ class Report:
             c = self.checkpoint
             lines.append(f"  checkpoint  {c.get('arch')} {c.get('kwargs')}, "
                          f"{c.get('parameters', '?')} parameters")
+        if self.ranks:
+            lines.append("  ranks       " + ", ".join(
+                f"{r['rank']}: {r['cpu_s']:.1f} s CPU"
+                + (f", {r['samples_share']:.0%} of samples" if "samples_share" in r else "")
+                for r in self.ranks))
         lines += [f"  warning     {w}" for w in self.warnings]
         if self.output_tail and self.status in ("broken", "fail") and self.reason != "low_accuracy":
             lines += ["", "  last lines of the job's output:"]

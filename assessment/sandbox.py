@@ -1,21 +1,25 @@
 """Run a submission in a fresh working directory and watch it from outside.
 
-The grader copies the submission into a new temporary folder, starts it there under
-the chosen launcher through :func:`lab_utils.launch.run` (whose supervisor,
-:mod:`lab_utils.reaper`, owns and ends the whole process tree), measures the wall
-clock itself, and afterwards makes sure that no process of the job is left: every
-process is tagged through its environment, so even one that detached itself and
-changed its command line is found.
+The grader copies the submission into a new temporary folder and starts it there
+under the chosen launcher, inside the sandbox of :mod:`assessment.jail` (unless the
+instructor asked for unsafe grading), under the supervisor :mod:`lab_utils.reaper`,
+which owns and ends the whole process tree. It measures the wall clock and each
+rank's CPU time itself, keeps only the last lines of the job's output (a job that
+floods its output cannot fill the grader's memory), and afterwards makes sure that
+no process of the job is left: every process is tagged through its environment, so
+even one that detached itself and changed its command line is found.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import io
 import os
+import queue
 import re
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,8 +32,15 @@ from pathlib import Path
 import psutil
 
 from lab_utils import launch, reaper
+from lab_utils import metrics as lmetrics
+
+from . import jail
 
 TAG_VAR = "LABS_GRADE_JOB"  # every process of a graded job carries this in its environment
+KEEP_LINES = 2000  # lines of the job's output the grader keeps (the last ones)
+MAX_LINE = 2000  # characters kept of one line
+RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK")
+METRICS_NAME = ".lab-grade-metrics.jsonl"  # in the working directory: the job may write it
 WEIGHT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npz", ".npy", ".pkl")
 _IGNORED = ("__pycache__", ".git", ".ipynb_checkpoints")
 # "ValueError: ...", also behind torch's "[rank1]: " prefix of uncaught exceptions.
@@ -125,44 +136,31 @@ def reads_test_split(workdir: Path) -> bool:
 
 
 # --------------------------------------------------------------------------- running
-class _Clock(io.TextIOBase):
-    """Stands in for stdout while the job runs: notes when the job last printed and
-    when the launcher stopped it, and passes the text on if the user wants to see it."""
-
-    def __init__(self, forward: io.TextIOBase | None) -> None:
-        self.forward = forward
-        self.last_output: float | None = None
-        self.stopped_at: float | None = None  # when the deadline stopped the job
-        self._partial = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        self._partial += s
-        *lines, self._partial = self._partial.split("\n")
-        for line in lines:
-            if line.startswith("launch: timed out"):
-                self.stopped_at = self.stopped_at or time.monotonic()
-            elif self.stopped_at is None:  # what follows the stop is teardown noise
-                self.last_output = time.monotonic()
-        if self.forward is not None:
-            self.forward.write(s)
-            self.forward.flush()
-        return len(s)
-
-
 class _CpuWatch(threading.Thread):
     """Samples the CPU time of every process below the grader while the job runs,
-    so that a stopped job can be told apart: computing (too slow) or idle (waiting
-    forever: a hang or a deadlock)."""
+    so that a stopped job can be told apart (computing, too slow; or idle, waiting
+    forever: a hang or a deadlock), and so that each rank's share is known."""
 
     def __init__(self, every_s: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.every_s = every_s
         self.samples: list[tuple[float, float]] = []  # (time, CPU seconds used so far)
+        self.by_rank: dict[int, float] = {}  # CPU seconds of the processes of each rank
         self._done = threading.Event()
         self._seen: dict[tuple[int, float], float] = {}
+        self._rank: dict[tuple[int, float], int | None] = {}
+
+    def _rank_of(self, key: tuple[int, float], p: psutil.Process) -> int | None:
+        if key not in self._rank:
+            rank = None
+            with contextlib.suppress(psutil.Error, OSError, ValueError):
+                env = p.environ()
+                for var in RANK_VARS:
+                    if var in env:
+                        rank = int(env[var])
+                        break
+            self._rank[key] = rank
+        return self._rank[key]
 
     def run(self) -> None:
         used = 0.0
@@ -174,8 +172,12 @@ class _CpuWatch(threading.Thread):
                     now = t.user + t.system
                 except psutil.Error:
                     continue
-                used += max(0.0, now - self._seen.get(key, 0.0))
+                step = max(0.0, now - self._seen.get(key, 0.0))
+                used += step
                 self._seen[key] = now
+                rank = self._rank_of(key, p)
+                if rank is not None:
+                    self.by_rank[rank] = self.by_rank.get(rank, 0.0) + step
             self.samples.append((time.monotonic(), used))
             self._done.wait(self.every_s)
 
@@ -203,8 +205,14 @@ class JobOutcome:
     silent_for: float | None  # seconds without output before the job ended or was stopped
     busy_cores: float | None  # CPU cores the job kept busy in the seconds before it ended
     cpu_s: float  # CPU time (user + system) of the whole process tree
-    lines: list[tuple[int | None, str]]
+    lines: list[tuple[int | None, str]]  # the last KEEP_LINES lines
     leftovers: int = 0  # processes found alive after the job (and killed)
+    error: str | None = None  # the first exception line any rank printed
+    line_count: int = 0  # lines printed in all
+    rank_cpu_s: dict[int, float] = field(default_factory=dict)  # sampled CPU time per rank
+    metrics: list[dict] = field(default_factory=list)  # records the job emitted
+    memory_killed: bool = False  # the kernel killed a process for going over the memory limit
+    peak_memory_mb: float | None = None
 
     def tail(self, n: int = 40) -> list[str]:
         """The last ``n`` lines the job printed, tagged with their rank; for a stopped
@@ -219,11 +227,20 @@ class JobOutcome:
 
     def first_error(self) -> str | None:
         """The first exception line any rank printed, e.g. ``[rank 1] ValueError: ...``."""
+        if self.error is not None:
+            return self.error
         for rank, text in self.lines:
-            if _ERROR_LINE.match(text) and "Warning" not in text:
-                text = _TORCH_RANK_PREFIX.sub("", text).strip()
-                return text if rank is None else f"[rank {rank}] {text}"
+            found = _error_text(rank, text)
+            if found:
+                return found
         return None
+
+
+def _error_text(rank: int | None, text: str) -> str | None:
+    if _ERROR_LINE.match(text) and "Warning" not in text:
+        text = _TORCH_RANK_PREFIX.sub("", text).strip()
+        return text if rank is None else f"[rank {rank}] {text}"
+    return None
 
 
 def _children_cpu() -> float:
@@ -231,34 +248,146 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+@dataclass
+class Confinement:
+    """How a job is confined: the sandbox (``None``: unsafe, none) and its limits."""
+
+    data_dir: Path | None  # the training-only copy of the dataset, as $LABS_DATA
+    memory_mb: float
+    repo: Path = field(default_factory=lambda: Path(launch.__file__).resolve().parent.parent)
+    gpu: bool = False
+    sandboxed: bool = True
+    max_procs: int = jail.DEFAULT_MAX_PROCS
+    hide: list[Path] = field(default_factory=list)  # full dataset copies in visible folders
+
+
+def _command(ws: Workspace, args: Sequence[str], launcher: str, nprocs: int,
+             job: dict[str, str], conf: Confinement | None) -> list[str]:
+    cmd = launch.command(launcher, nprocs, ws.script, args, (), job)
+    if conf is not None and conf.sandboxed:
+        cmd = jail.command(cmd, workdir=ws.workdir, data_dir=conf.data_dir, repo=conf.repo,
+                           gpu=conf.gpu, hide=conf.hide)
+    return [sys.executable, "-m", "lab_utils.reaper", "--", *cmd]
+
+
 def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, deadline: float,
             env: Mapping[str, str], threads_per_proc: int | None,
-            echo: bool = False) -> JobOutcome:
+            echo: bool = False, confinement: Confinement | None = None) -> JobOutcome:
     """Run the workspace's script and wait for it, for at most ``deadline`` seconds."""
-    job_env = {**env, TAG_VAR: ws.job_id}
-    clock = _Clock(sys.stdout if echo else None)
+    job = launch.job_env(launcher, {**env, TAG_VAR: ws.job_id}, threads_per_proc, deadline)
+    metrics_file = ws.workdir / METRICS_NAME
+    job[lmetrics.ENV_VAR] = str(metrics_file)
+    limits = None
+    if confinement is not None and confinement.sandboxed:
+        job.update(jail.sandbox_env(ws.workdir, confinement.data_dir))
+    if confinement is not None:
+        limits = jail.make_limits(confinement.memory_mb, confinement.max_procs)
+    cmd = _command(ws, args, launcher, nprocs, job, confinement)
+    if limits is not None:
+        cmd = [*limits.join_command(), *cmd]
+    lines: collections.deque[tuple[int | None, str]] = collections.deque(maxlen=KEEP_LINES)
+    state = {"count": 0, "error": None, "last": None, "stopped": None}
+    out = sys.stdout if echo else None
+
+    def take(rank: int | None, text: str) -> None:
+        text = text[:MAX_LINE]
+        lines.append((rank, text))
+        state["count"] += 1
+        if rank is None and text.startswith("launch: timed out"):
+            state["stopped"] = state["stopped"] or time.monotonic()
+        elif state["stopped"] is None:
+            state["last"] = time.monotonic()
+        if state["error"] is None:
+            state["error"] = _error_text(rank, text)
+        if out is not None:
+            out.write((text if rank is None else f"[rank {rank}] {text}") + "\n")
+            out.flush()
+
     watch = _CpuWatch()
     cpu0 = _children_cpu()
     start = time.monotonic()
     watch.start()
+    timed_out = False
+    proc = None
     try:
-        with contextlib.redirect_stdout(clock):
-            result = launch.run(ws.script, list(args), nprocs=nprocs, launcher=launcher,
-                                timeout=deadline, env=job_env, cwd=ws.workdir, echo=True,
-                                threads_per_proc=threads_per_proc)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=ws.workdir, env=job,
+                                start_new_session=True)
+        # A small queue: a job that floods its output waits for the grader to read it.
+        chunks: queue.Queue[bytes] = queue.Queue(maxsize=16)
+
+        def pump() -> None:
+            assert proc is not None and proc.stdout is not None
+            while data := os.read(proc.stdout.fileno(), 65536):
+                chunks.put(data)
+            chunks.put(b"")
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        demux = launch.RankDemux()
+        done = False
+        while not done:
+            left = deadline - (time.monotonic() - start)
+            if left <= 0:
+                timed_out = True
+                take(None, f"launch: timed out after {deadline:g}s; stopping every process")
+                launch._stop(proc)  # noqa: SLF001 - the launcher's own way to end its job
+                break
+            try:
+                data = chunks.get(timeout=min(left, 0.2))
+            except queue.Empty:
+                continue
+            if data == b"":
+                done = True
+            else:
+                for rank, text in demux.feed(data.decode("utf-8", errors="replace")):
+                    take(rank, text)
+        launch._stop(proc)  # noqa: SLF001
+        # Drain what is left (bounded: the writers are gone).
+        while True:
+            try:
+                data = chunks.get(timeout=0.5 if reader.is_alive() else 0)
+            except queue.Empty:
+                break
+            if data:
+                for rank, text in demux.feed(data.decode("utf-8", errors="replace")):
+                    take(rank, text)
+            else:
+                break
+        for rank, text in demux.flush():
+            take(rank, text)
+        returncode = proc.wait()
     finally:
         end = time.monotonic()
+        if proc is not None and proc.poll() is None:
+            launch._stop(proc)  # noqa: SLF001
         watch.stop()
-        # Even when launch.run raised: a worker in a session of its own may be left.
+        # Even when something raised: a worker in a session of its own may be left.
         leftovers = reap_leftovers(ws.job_id, ws.root)
-    last = clock.stopped_at or end  # the end of the job as the job itself lived it
-    silent = last - (clock.last_output or start)
-    outcome = JobOutcome(returncode=result.returncode, timed_out=result.timed_out,
-                         elapsed=end - start, silent_for=silent,
-                         busy_cores=watch.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
-                         cpu_s=_children_cpu() - cpu0, lines=list(result.lines),
-                         leftovers=leftovers)
-    return outcome
+        memory_killed = bool(limits and limits.memory_killed())
+        peak = limits.peak_bytes() if limits else None
+        if limits is not None:
+            limits.remove()
+    last = state["stopped"] or end  # the end of the job as the job itself lived it
+    silent = last - (state["last"] or start)
+    return JobOutcome(returncode=returncode, timed_out=timed_out, elapsed=end - start,
+                      silent_for=silent,
+                      busy_cores=watch.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
+                      cpu_s=_children_cpu() - cpu0, lines=list(lines), leftovers=leftovers,
+                      error=state["error"], line_count=state["count"],
+                      rank_cpu_s=dict(sorted(watch.by_rank.items())),
+                      metrics=_read_metrics(metrics_file), memory_killed=memory_killed,
+                      peak_memory_mb=None if peak is None else round(peak / 2**20, 1))
+
+
+def _read_metrics(path: Path, max_bytes: int = 4 * 2**20) -> list[dict]:
+    """The job's metric records, if the file is a plain, reasonably small file."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > max_bytes:
+            return []
+        return lmetrics.read(path)
+    except (OSError, ValueError):
+        return []
 
 
 def job_processes(tag: str, root: Path) -> list[psutil.Process]:

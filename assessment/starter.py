@@ -30,6 +30,7 @@ from lab_utils import data, models
 from lab_utils.loader import random_crop, random_flip
 
 CHECKPOINT = "checkpoint.pt"
+VALIDATION_SHARE = 1 / 12  # of the training split, held out to report accuracy on
 
 # What to train on each dataset: a registry model and a plain SGD recipe.
 RECIPES = {
@@ -78,12 +79,14 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     start = time.perf_counter()
 
-    ds = data.load(args.dataset)
+    # The test split is the grader's (its sandbox shows the training split alone):
+    # accuracy is reported on a validation part of the training split.
+    ds = data.load(args.dataset).holdout(VALIDATION_SHARE)
     mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
     train_loader = DataLoader(TensorDataset(ds.x_train, ds.y_train),
                               batch_size=recipe["batch_size"], shuffle=True, drop_last=True)
-    test_loader = DataLoader(TensorDataset(ds.x_test, ds.y_test), batch_size=1000)
+    val_loader = DataLoader(TensorDataset(ds.x_test, ds.y_test), batch_size=1000)
 
     model = models.build(recipe["arch"], in_channels=ds.x_train.shape[1],
                          num_classes=len(ds.classes), **recipe["kwargs"]).to(device)
@@ -108,8 +111,8 @@ def main() -> None:
             if step % 100 == 0:
                 print(f"epoch {epoch + 1} step {step}/{len(train_loader)} loss {loss.item():.4f}"
                       f"  {time.perf_counter() - start:.0f}s", flush=True)
-        acc = test_accuracy(model, test_loader, mean, std, device)
-        print(f"epoch {epoch + 1}/{epochs}: test accuracy {acc:.2%}  "
+        acc = test_accuracy(model, val_loader, mean, std, device)
+        print(f"epoch {epoch + 1}/{epochs}: validation accuracy {acc:.2%}  "
               f"{time.perf_counter() - start:.0f}s", flush=True)
 
     models.save(CHECKPOINT, model)

@@ -46,6 +46,7 @@ class Target:
     profile: str = "cpu"
     test_samples: int | None = None  # None: the whole test split
     max_checkpoint_mb: float = 512.0
+    memory_mb: float = 8192.0  # memory limit of the whole job (all its processes)
     status: str = "to be calibrated"
     description: str = ""
     path: str = ""
@@ -114,6 +115,7 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
     profile = opt("profile", str, "cpu")
     test_samples = opt("test_samples", int, None)
     max_mb = float(opt("max_checkpoint_mb", (int, float), 512.0))
+    memory_mb = float(opt("memory_mb", (int, float), 8192.0))
     status = opt("status", str, "to be calibrated")
     description = opt("description", str, "")
     calibration = opt("calibration", dict, {})
@@ -133,6 +135,7 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
         (profile in ("quick", "cpu", "gpu"), f"profile must be quick, cpu or gpu, not {profile!r}"),
         (test_samples is None or test_samples >= 1, "test_samples must be >= 1"),
         (max_mb > 0, "max_checkpoint_mb must be positive"),
+        (memory_mb >= 256, "memory_mb must be at least 256"),
         (status in STATUSES, f"status must be one of {', '.join(STATUSES)}"),
     ]
     for ok, problem in checks:
@@ -141,5 +144,5 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
     return Target(name=name, dataset=dataset, accuracy=accuracy, budget_s=budget,
                   processes=processes, archs=archs, grace_s=grace, threads_per_proc=threads,
                   launcher=launcher, profile=profile, test_samples=test_samples,
-                  max_checkpoint_mb=max_mb, status=status, description=description,
+                  max_checkpoint_mb=max_mb, memory_mb=memory_mb, status=status, description=description,
                   path=str(path), calibration=calibration)

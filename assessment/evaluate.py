@@ -1,0 +1,141 @@
+"""Judge a checkpoint in a fresh interpreter that imports only verified code.
+
+After the job, and after :mod:`assessment.integrity` found the course code, the
+target and the test data unchanged, the grader runs :func:`run` : a new
+``python -I`` (no ``PYTHONPATH``, no user site, no current folder on the path) that
+imports ``lab_utils`` and ``assessment`` from the verified checkout alone, reads
+``checkpoint.pt`` with ``torch.load(weights_only=True)``, rebuilds the model from
+the registry and evaluates it on the grader's copy of the test split. It answers
+with one JSON line; nothing the job left in memory or in imported modules can
+reach it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+EVAL_BATCH = 1000
+RESULT_PREFIX = "lab-grade-evaluation: "
+
+
+@dataclass(frozen=True)
+class TestSplit:
+    """The held-out images the grader evaluates on, loaded before the job starts."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def save(self, path: Path) -> None:
+        torch.save({"x": self.x, "y": self.y, "mean": list(self.mean), "std": list(self.std)},
+                   path)
+
+    @classmethod
+    def read(cls, path: Path) -> TestSplit:
+        d = torch.load(path, weights_only=True)
+        return cls(d["x"], d["y"], tuple(d["mean"]), tuple(d["std"]))
+
+
+def check_fits(model: torch.nn.Module, split: TestSplit) -> None:
+    """Refuse a model that cannot take the split's images or name all its classes
+    (e.g. built for CIFAR-10 and submitted for Fashion-MNIST): the submission's fault."""
+    from . import checkpoint as ckpt_mod
+
+    classes = int(split.y.max()) + 1
+    try:
+        with torch.no_grad():
+            out = model.eval()(torch.zeros(1, *split.x.shape[1:]))
+    except Exception as e:  # a shape mismatch inside the network
+        raise ckpt_mod.CheckpointRejected(
+            "wrong_arch", f"the model cannot take images of shape {tuple(split.x.shape[1:])}: "
+                          f"{type(e).__name__}: {e}") from None
+    if out.dim() != 2 or out.shape[1] < classes:
+        raise ckpt_mod.CheckpointRejected(
+            "wrong_arch", f"the model returns shape {tuple(out.shape)} for one image; the "
+                          f"dataset needs (1, {classes}) logits")
+
+
+def measure_accuracy(model: torch.nn.Module, split: TestSplit) -> tuple[float, int]:
+    """Accuracy of ``model`` on ``split``, computed by the course's tested evaluation."""
+    from lab_utils import profile as lprofile
+    from lab_utils.loader import TensorLoader
+    from lab_utils.train import evaluate
+
+    device = lprofile.device()
+    loader = TensorLoader(split.x, split.y, EVAL_BATCH, shuffle=False, even_shards=False,
+                          mean=split.mean, std=split.std, device=device)
+    result = evaluate(model.to(device), loader, device=device)
+    return float(result["acc"]), int(result["n"])
+
+
+def judge(workdir: Path, split: TestSplit, archs: list[str], max_mb: float) -> dict[str, Any]:
+    """Read, check and evaluate the checkpoint in ``workdir``: a verdict's raw facts."""
+    from . import checkpoint as ckpt_mod
+
+    try:
+        path = ckpt_mod.locate(workdir)
+        ckpt = ckpt_mod.read(path, max_mb)
+        model, notes = ckpt_mod.rebuild(ckpt, archs)
+        check_fits(model, split)
+    except ckpt_mod.CheckpointRejected as e:
+        return {"reason": e.reason, "message": str(e)}
+    acc, n = measure_accuracy(model, split)
+    return {"reason": None, "notes": notes, "checkpoint": ckpt_mod.describe(ckpt, model, path),
+            "accuracy": round(acc, 5), "test_samples": n}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="assessment.evaluate")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--split", required=True)
+    p.add_argument("--archs", required=True, help="JSON list of allowed architectures")
+    p.add_argument("--max-mb", type=float, required=True)
+    p.add_argument("--repo", required=True, help="the verified checkout")
+    args = p.parse_args(argv)
+    import assessment
+    import lab_utils
+
+    for mod in (assessment, lab_utils):  # imported from the verified checkout, or nothing
+        if not Path(mod.__file__).resolve().is_relative_to(Path(args.repo).resolve()):
+            raise RuntimeError(f"{mod.__name__} was imported from {mod.__file__}, "
+                               f"not from {args.repo}")
+    result = judge(Path(args.workdir), TestSplit.read(Path(args.split)),
+                   json.loads(args.archs), args.max_mb)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+class EvaluationError(RuntimeError):
+    """The fresh evaluation process failed (a fault of the grader)."""
+
+
+def run(workdir: Path, split_file: Path, archs: list[str], max_mb: float, repo: Path,
+        env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, Any]:
+    """Run :func:`main` in ``python -I`` importing only ``repo``; its result."""
+    boot = ("import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; "
+            "from assessment.evaluate import main; sys.exit(main())")
+    cmd = [sys.executable, "-I", "-c", boot, str(repo), "--workdir", str(workdir),
+           "--split", str(split_file), "--archs", json.dumps(list(archs)),
+           "--max-mb", str(max_mb), "--repo", str(repo)]
+    clean = {k: v for k, v in (env or os.environ).items() if not k.startswith("PYTHON")}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=clean, cwd=str(repo),
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            return json.loads(line[len(RESULT_PREFIX):])
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
+    raise EvaluationError(f"the evaluation process exited with {done.returncode}: {tail}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
