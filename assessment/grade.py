@@ -82,11 +82,13 @@ def _environment(target: Target) -> dict:
 
 def grade(submission: str | os.PathLike, target: Target, *, launcher: str | None = None,
           nprocs: int | None = None, entry: str = "train.py", echo: bool = False,
-          keep: bool = False, unsafe: bool = False) -> Report:
+          keep: bool = False, unsafe: bool = False, data_dir: Path | None = None) -> Report:
     """Run and judge ``submission`` against ``target``; never raises for its faults.
 
     The job runs in the sandbox of :mod:`assessment.jail`; where none can be made the
     grade is a grader error, unless ``unsafe`` (then the report says so first).
+    ``data_dir`` is a training-only copy of the data made by the caller
+    (:func:`assessment.jail.training_copy`), shared by a batch; by default one is made.
     """
     launcher = launcher or target.launcher
     nprocs = nprocs or target.processes
@@ -115,8 +117,9 @@ def grade(submission: str | os.PathLike, target: Target, *, launcher: str | None
         grader_dir.mkdir()
         split_file = grader_dir / "test-split.pt"
         split.save(split_file)
-        data_dir = None if unsafe else jail.training_copy(target.dataset, ws.root / "data")
-        conf = sandbox.Confinement(data_dir=data_dir, memory_mb=target.memory_mb, repo=REPO,
+        if not unsafe and data_dir is None:
+            data_dir = jail.training_copy(target.dataset, ws.root / "data")
+        conf = sandbox.Confinement(data_dir=None if unsafe else data_dir, memory_mb=target.memory_mb, repo=REPO,
                                    gpu=target.profile == "gpu", sandboxed=not unsafe,
                                    hide=[source])
         guarded = _guarded_files(target, source, split_file)

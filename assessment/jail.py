@@ -30,6 +30,7 @@ from lab_utils import data as ldata
 # System folders shown read-only (a symlink such as /bin -> usr/bin is recreated).
 SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt")
 GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
+CACHE_NAME = "cache"  # in a training copy: the parsed tensors of it, for $LABS_CACHE
 DEFAULT_MAX_PROCS = 256  # a fork bomb stops here, far above what a launcher needs
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; it needs "
                 "root or unprivileged user namespaces)")
@@ -84,6 +85,17 @@ def training_copy(dataset: str, dest: Path) -> Path:
         shutil.copyfile(src / name, folder / name)
     (folder / ldata.TRAINING_ONLY).write_text(
         "The training split only: the grader keeps the test split out of the sandbox.\n")
+    # Parse it once here, into a cache the job reads (read-only) instead of parsing
+    # the files again in every rank.
+    saved = os.environ.get("LABS_CACHE")
+    os.environ["LABS_CACHE"] = str(dest / CACHE_NAME)
+    try:
+        ldata.load(dataset, root=folder, download=False)
+    finally:
+        if saved is None:
+            del os.environ["LABS_CACHE"]
+        else:
+            os.environ["LABS_CACHE"] = saved
     return dest
 
 
@@ -245,8 +257,12 @@ def command(cmd: list[str], *, workdir: Path, data_dir: Path | None, repo: Path,
         _show(repo / "assessment" / name, args, shown)
     if data_dir is not None:
         _show(data_dir, args, shown)
-    for folder in {*map(str, ldata.SYSTEM_DIRS), *map(str, hide)}:
-        if os.path.isdir(folder) and any(folder.startswith(p + "/") for p in shown):
+    masked: list[str] = []
+    for folder in sorted({*map(str, ldata.SYSTEM_DIRS), *(str(Path(h).resolve()) for h in hide)}):
+        inside_shown = any(folder.startswith(p + "/") for p in shown)
+        if os.path.isdir(folder) and inside_shown and not any(
+                folder == m or folder.startswith(m + "/") for m in masked):
+            masked.append(folder)
             args += ["--tmpfs", folder, "--remount-ro", folder]
     args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
     if gpu:
@@ -258,7 +274,8 @@ def command(cmd: list[str], *, workdir: Path, data_dir: Path | None, repo: Path,
 
 def sandbox_env(workdir: Path, data_dir: Path | None) -> dict[str, str]:
     """What a job needs to find inside: its home, its caches, its data, loopback."""
-    env = {"HOME": "/tmp", "LABS_CACHE": "/tmp/lab_utils-cache", "TMPDIR": "/tmp",
+    cache = data_dir / CACHE_NAME if data_dir is not None else Path("/tmp/lab_utils-cache")
+    env = {"HOME": "/tmp", "LABS_CACHE": str(cache), "TMPDIR": "/tmp",
            "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
            "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
            "MASTER_ADDR": "127.0.0.1", "XDG_CACHE_HOME": "/tmp/.cache",

@@ -1,0 +1,20 @@
+"""Hostile submission: tries to reach the network (to download weights or send the
+data away), then saves an untrained model."""
+
+import socket
+
+import torch
+
+from lab_utils import dist, models
+
+info = dist.init()
+if info.is_main:
+    for host, port in (("1.1.1.1", 80), ("8.8.8.8", 53), ("pypi.org", 443)):
+        try:
+            socket.create_connection((host, port), timeout=3).close()
+            print(f"CONNECTED {host}:{port}", flush=True)
+        except OSError as e:
+            print(f"no network to {host}:{port}: {e}", flush=True)
+    torch.manual_seed(0)
+    models.save("checkpoint.pt", models.build("linear", in_channels=1, image_size=28))
+dist.shutdown()

@@ -1,0 +1,10 @@
+"""Bad submission: a checkpoint far larger than the target allows (here also not a
+torch file at all, so a size check that came after loading would say otherwise)."""
+
+from lab_utils import dist
+
+info = dist.init()
+if info.is_main:
+    with open("checkpoint.pt", "wb") as f:
+        f.truncate(64 * 2**20)
+dist.shutdown()
