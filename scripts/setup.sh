@@ -18,7 +18,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Debian packages the labs need; Dockerfile and environment.yml name the same
 # (checked by tests/test_setup_files.py).
-APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++"
+APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap"
 # Only when the python3 found cannot make a venv or lacks the headers Horovod compiles against.
 PYTHON_APT_PACKAGES="python3 python3-venv python3-dev"
 
