@@ -31,6 +31,7 @@ CONDA_NAME_OF_APT_PACKAGE = {
     "make": "make",
     "cmake": "cmake",
     "g++": "cxx-compiler",
+    "bubblewrap": None,  # a system tool with no conda package (environment.yml says so)
 }
 
 HOROVOD_FLAG = re.compile(r"\b(HOROVOD_[A-Z_]+)=(\S+)")
