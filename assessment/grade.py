@@ -197,6 +197,7 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str,
     report.leftover_processes = job.leftovers
     report.environment["cpu_s"] = round(job.cpu_s, 1)
     report.environment["output_lines"] = job.line_count
+    report.environment["limits"] = job.limits
     if job.peak_memory_mb is not None:
         report.environment["peak_memory_mb"] = job.peak_memory_mb
     report.ranks = rank_table(job, nprocs)

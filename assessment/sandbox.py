@@ -213,6 +213,7 @@ class JobOutcome:
     metrics: list[dict] = field(default_factory=list)  # records the job emitted
     memory_killed: bool = False  # the kernel killed a process for going over the memory limit
     peak_memory_mb: float | None = None
+    limits: str = "none"  # how the memory and process limits were set (or why not)
 
     def tail(self, n: int = 40) -> list[str]:
         """The last ``n`` lines the job printed, tagged with their rank; for a stopped
@@ -366,6 +367,7 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
         leftovers = reap_leftovers(ws.job_id, ws.root)
         memory_killed = bool(limits and limits.memory_killed())
         peak = limits.peak_bytes() if limits else None
+        how = limits.how if limits else "none"
         if limits is not None:
             limits.remove()
     last = state["stopped"] or end  # the end of the job as the job itself lived it
@@ -377,7 +379,8 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
                       error=state["error"], line_count=state["count"],
                       rank_cpu_s=dict(sorted(watch.by_rank.items())),
                       metrics=_read_metrics(metrics_file), memory_killed=memory_killed,
-                      peak_memory_mb=None if peak is None else round(peak / 2**20, 1))
+                      peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
+                      limits=how)
 
 
 def _read_metrics(path: Path, max_bytes: int = 4 * 2**20) -> list[dict]:

@@ -127,6 +127,7 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     assert "no test split visible" in text["peek_test_split"] and "FOUND" not in text["peek_test_split"]
     assert "no checkpoint to copy" in text["copy_checkpoint"] and "COPIED" not in text["copy_checkpoint"]
     assert "CONNECTED" not in text["network"] and "no network to 1.1.1.1:80" in text["network"]
+    assert "INTERFACES ['lo']" in text["network"]  # its own network namespace: loopback only
     assert "fork refused" in text["many_children"]
     assert "MB; the target allows at most 1 MB" in reports["oversized"]["message"]
     assert "memory limit" in reports["memory_hog"]["message"]
