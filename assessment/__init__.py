@@ -3,6 +3,10 @@ accuracy-in-time target; graded by ``lab-grade`` (:mod:`assessment.grade`).
 
 Modules: :mod:`~assessment.grade` (command line and the grading steps),
 :mod:`~assessment.sandbox` (working directory, launch, process clean-up),
+:mod:`~assessment.jail` (the bubblewrap sandbox and its limits),
+:mod:`~assessment.integrity` (hashes before and after a job),
+:mod:`~assessment.evaluate` (the evaluation in a fresh process),
+:mod:`~assessment.batch` (grading a folder of submissions),
 :mod:`~assessment.checkpoint` (reading and checking the checkpoint),
 :mod:`~assessment.targets` (target files), :mod:`~assessment.report` (verdicts,
 exit codes), :mod:`~assessment.calibrate` (proposing targets for a machine).
