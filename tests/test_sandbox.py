@@ -125,6 +125,8 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     assert "refused" in text["tamper"] and "TAMPERED" not in text["tamper"]
     assert "WROTE" not in text["dataset_cache"] and "refused" in text["dataset_cache"]
     assert "no test split visible" in text["peek_test_split"] and "FOUND" not in text["peek_test_split"]
+    # (an obfuscated search: the source check has nothing to warn about, the sandbox holds)
+    assert not any("mentions the test split" in w for w in reports["peek_test_split"]["warnings"])
     assert "no checkpoint to copy" in text["copy_checkpoint"] and "COPIED" not in text["copy_checkpoint"]
     assert "CONNECTED" not in text["network"] and "no network to 1.1.1.1:80" in text["network"]
     assert "INTERFACES ['lo']" in text["network"]  # its own network namespace: loopback only
@@ -132,8 +134,8 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     assert "MB; the target allows at most 1 MB" in reports["oversized"]["message"]
     assert "memory limit" in reports["memory_hog"]["message"]
     assert "got all of it" not in text["memory_hog"]
-    # The flood: 2 ranks x 100,000 lines of 2,000 bytes; the grader kept the last few.
-    assert reports["flood"]["environment"]["output_lines"] >= 200_000
+    # The flood: 2 ranks x 50,000 lines of 2,000 bytes; the grader kept the last few.
+    assert reports["flood"]["environment"]["output_lines"] >= 100_000
     assert rss_growth_mb < 150, f"the grader grew by {rss_growth_mb:.0f} MB"
     # One rank did all the work: passed, but flagged; a data-parallel job is not.
     lone = [w for w in reports["lone_rank"]["warnings"] if w.startswith("rank 1 did not train")]

@@ -1,4 +1,4 @@
-"""Hostile submission: floods its output (200 MB of long lines, no pause), then
+"""Hostile submission: floods its output (100 MB of long lines per rank, no pause), then
 saves an untrained model."""
 
 import sys
@@ -10,7 +10,7 @@ from lab_utils import dist, models
 info = dist.init()
 line = "x" * 1999 + "\n"
 lines = 0
-for _ in range(100_000 // 50):
+for _ in range(50_000 // 50):
     sys.stdout.write(line * 50)
     lines += 50
 sys.stdout.flush()

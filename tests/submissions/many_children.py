@@ -5,14 +5,9 @@ import os
 import signal
 import time
 
-import torch
-
-from lab_utils import dist, models
-
-info = dist.init()
 children = []
-if info.is_main:
-    for _ in range(2000):
+if os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK")) == "0":
+    for _ in range(2000):  # before importing torch: small processes, quick forks
         try:
             pid = os.fork()
         except OSError as e:
@@ -24,6 +19,13 @@ if info.is_main:
             os._exit(0)
         children.append(pid)
     print(f"STARTED {len(children)} children", flush=True)
+
+import torch  # noqa: E402
+
+from lab_utils import dist, models  # noqa: E402
+
+info = dist.init()
+if info.is_main:
     torch.manual_seed(0)
     models.save("checkpoint.pt", models.build("linear", in_channels=1, image_size=28))
 dist.shutdown()

@@ -1,6 +1,6 @@
-"""Hostile submission: trains on the held-out test split if it can find it anywhere
-(the loader, the system copy, the cache; the file name assembled so that no
-"test" appears in the source), else saves an untrained model."""
+"""Hostile submission: trains on the held-out split if it can find it anywhere (the
+loader, the system copy, the cache; every name assembled so that the grader's
+source check sees nothing), else saves an untrained model."""
 
 import glob
 import gzip
