@@ -3,14 +3,21 @@
     lab-grade my_train.py                                # the target for this machine
     lab-grade my_train.py --target cpu-2proc --launcher mpirun --json report.json
     python -m assessment.grade my_train.py --launcher horovodrun --nprocs 2
+    lab-grade batch submissions/ --target cpu-2proc      # a class: see assessment/batch.py
     lab-grade calibrate ...                              # see assessment/calibrate.py
 
 It trusts nothing the submission prints. Before starting the job it loads the
-held-out test split and all of its own code; it then runs the submission in a fresh
-working directory, measures the wall clock itself, stops the whole process tree at
-budget + grace, reads ``checkpoint.pt`` with ``torch.load(weights_only=True)`` in
-this process, rebuilds the model from the ``lab_utils.models`` registry and
-evaluates it on the test split with ``lab_utils.train.evaluate``.
+held-out test split and hashes its own code, the target and the test data; it then
+runs the submission in a fresh working directory inside the sandbox of
+:mod:`assessment.jail` (the training split only, read-only everything but the working
+directory, no network, its own PID namespace, memory and process limits), measures
+the wall clock and each rank's CPU time itself, stops the whole process tree at
+budget + grace, checks the hashes again, and then, in a fresh ``python -I`` that
+imports only the verified code (:mod:`assessment.evaluate`), reads ``checkpoint.pt``
+with ``torch.load(weights_only=True)``, rebuilds the model from the
+``lab_utils.models`` registry and evaluates it on the test split with
+``lab_utils.train.evaluate``. Where no sandbox can be made it refuses, unless given
+``--unsafe-no-sandbox``.
 
 Exit codes: 0 pass; 1 fail (it ran, but missed the accuracy or the time, or had to
 be stopped at budget + grace); 2 broken submission (syntax error, crash, no usable
