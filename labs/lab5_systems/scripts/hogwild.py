@@ -89,11 +89,12 @@ def build(kind: str) -> nn.Module:
 
 # ----------------------------------------------------------------- one worker
 def train(rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace,
-          lock, log) -> None:
+          lock, log, ready) -> None:
     """One Hogwild worker: its own optimizer over the shared parameters."""
     torch.set_num_threads(1)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     writes = []  # (start, end, rows touched or None for "all")
+    ready.wait()  # start together: a head start would hide the concurrency
     for step in range(args.steps):
         idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=rank, step=step)
         opt.zero_grad(set_to_none=True)
@@ -112,12 +113,13 @@ def train(rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor, args: a
     log.put((rank, writes))
 
 
-def conflicts(logs: dict[int, list], dense_size: int) -> tuple[int, int, float]:
+def conflicts(logs: dict[int, list], dense_size: int) -> tuple[int, int, float, float]:
     """How often lock-free writes collided.
 
     Returns (writes, writes that overlapped another worker's write in time, the share
-    of all written coordinates that another worker wrote at the same moment). A dense
-    update writes all ``dense_size`` coordinates; a sparse one only its rows.
+    of all written weights that another worker wrote at the same moment, that share
+    among the overlapping writes only). A dense update writes all ``dense_size``
+    weights; a sparse one only its rows (10 weights each).
     """
     items = [(t0, t1, rank, rows) for rank, ws in logs.items() for t0, t1, rows in ws]
     items.sort(key=lambda w: w[0])
@@ -135,8 +137,11 @@ def conflicts(logs: dict[int, list], dense_size: int) -> tuple[int, int, float]:
                       else int(np.isin(rows_a, rows_b, assume_unique=True).sum()))
             collided[i] += common
             collided[j] += common
-    written = sum(dense_size if rows is None else len(rows) for *_, rows in items)
-    return len(items), len(overlapped), sum(collided) / written
+    size = [dense_size if rows is None else len(rows) for *_, rows in items]
+    collided = [min(c, n) for c, n in zip(collided, size, strict=True)]  # once per weight
+    in_overlaps = sum(size[i] for i in overlapped)
+    return (len(items), len(overlapped), sum(collided) / sum(size),
+            sum(collided) / in_overlaps if in_overlaps else 0.0)
 
 
 def run_one(kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Tensors,
@@ -152,7 +157,9 @@ def run_one(kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Te
     ctx = mp.get_context(method)
     the_lock = ctx.Lock() if lock else None
     log = ctx.Queue()
-    procs = [ctx.Process(target=train, args=(r, model, x_train, data.y_train, args, the_lock, log))
+    ready = ctx.Barrier(args.workers)
+    procs = [ctx.Process(target=train,
+                         args=(r, model, x_train, data.y_train, args, the_lock, log, ready))
              for r in range(args.workers)]
     start = time.perf_counter()
     for p in procs:
@@ -180,19 +187,20 @@ def run_one(kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Te
     first = min(w[0][0] for w in logs.values())
     last = max(w[-1][1] for w in logs.values())
     size = sum(p.numel() for p in model.parameters())
-    n, overlapped, collided = conflicts(logs, size)
+    n, overlapped, collided, when_overlapping = conflicts(logs, size)
     acc = tensordata.accuracy(model, x_test, data.y_test)
     touched = (sum(len(r) for ws in logs.values() for _, _, r in ws) / n * 10  # 10 per row
                if kind == "sparse" else size)
     rec = {"event": "hogwild", "model": kind, "lock": lock, "workers": args.workers,
            "updates": n, "seconds": last - first, "updates_per_s": n / (last - first),
            "acc": acc, "overlapped": overlapped, "collided": collided,
+           "collided_when_overlapping": when_overlapping,
            "coords_per_update": touched, "coords_total": size}
     metrics.emit(rec)
     print(f"{kind:>6} model, {'lock   ' if lock else 'no lock'}, {args.workers} workers: "
           f"{rec['updates_per_s']:6.0f} updates/s, test accuracy {acc:.3f}; {overlapped}/{n} writes "
-          f"overlapped another worker's, {collided:.2%} of written weights collided "
-          f"({touched:,.0f} of {size:,} weights per update)",
+          f"overlapped another worker's; of the weights these wrote, {when_overlapping:.1%} "
+          f"collided ({collided:.2%} of all written); {touched:,.0f} of {size:,} weights per update",
           flush=True)
     return rec
 
