@@ -145,6 +145,7 @@ def time_lost(rows: Sequence[Mapping[str, Any]]) -> plt.Axes:
     ax.set_xlabel("checkpoint interval (steps)")
     ax.set_ylabel("seconds")
     ax.set_title("cost of one failure")
+    ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
