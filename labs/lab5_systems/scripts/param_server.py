@@ -49,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rpc-timeout", type=float, default=60.0,
                    help="seconds an RPC may take before the caller gives up")
+    p.add_argument("--job-timeout", type=float, default=600.0,
+                   help="seconds shard 0 waits for every worker to finish before giving up")
     p.add_argument("--crash", default="",
                    help="fault injection: 'worker:STEP' (worker 1 dies at that step) or "
                         "'server:VERSION' (shard 0 dies at that version)")
@@ -284,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
             work(args, rank - args.shards, servers, owned, data)
         else:
             # A server only answers RPCs; shard 0 waits until every worker has reported.
-            deadline = time.monotonic() + args.rpc_timeout * max(1, args.steps) / 10
+            deadline = time.monotonic() + args.job_timeout
             while rank == 0 and len(SHARD.reports) < workers:
                 if time.monotonic() > deadline:
                     raise SystemExit("server: the workers did not all report in time")
