@@ -85,10 +85,13 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     profile.configure_threads()
     device = profile.device()
-    if world == 1:
-        return 0, 1, device
     if device.type == "cuda":
         torch.cuda.set_device(device)
+        # Bit-exact resumes on GPUs need deterministic kernels (cuBLAS wants a fixed workspace).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+    if world == 1:
+        return 0, 1, device
     store = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                            is_master=False, timeout=timedelta(seconds=60))
     tdist.init_process_group("nccl" if device.type == "cuda" else "gloo",
