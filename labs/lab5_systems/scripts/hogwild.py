@@ -13,7 +13,7 @@ Two models show why lock-free is safe when updates are sparse:
 
 Each worker logs every write (its time interval and the rows it touched); two writes
 *conflict* when they come from different workers, overlap in time and touch a common
-row. Rank-0-style JSON records (``hogwild``) carry updates per second, test accuracy
+row. JSON records (``hogwild``, via ``lab_utils.metrics``) carry updates per second, test accuracy
 and the conflict counts.
 
     python hogwild.py --model sparse --workers 2            # lock-free
