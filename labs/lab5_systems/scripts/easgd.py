@@ -20,6 +20,7 @@ every round and emits ``easgd`` records: method, tau, round, local steps, test a
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch.distributed as tdist
@@ -112,7 +113,10 @@ def run(method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensor
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    info = dist.init()
+    # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    share = torch.cuda.is_available() and local > torch.cuda.device_count()
+    info = dist.init(backend="gloo" if share else None)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     for method in args.methods:
         for tau in args.taus:

@@ -94,7 +94,10 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
         return 0, 1, device
     store = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                            is_master=False, timeout=timedelta(seconds=60))
-    tdist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+    # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nccl = device.type == "cuda" and local <= torch.cuda.device_count()
+    tdist.init_process_group("nccl" if nccl else "gloo",
                              store=tdist.PrefixStore(f"attempt{attempt}", store),
                              rank=rank, world_size=world, timeout=timedelta(seconds=60))
     return rank, world, device
