@@ -22,6 +22,9 @@ BENCHMARKS: dict[str, str] = {
     "allreduce": "allreduce",
     "notebooks": "notebooks",
     "grading": "grading",
+    "lab5_ps": "lab5_ps",
+    "lab5_hogwild": "lab5_hogwild",
+    "lab5_failure": "lab5_failure",
 }
 
 

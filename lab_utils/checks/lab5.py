@@ -1,0 +1,172 @@
+"""Self-checks of Lab 5 (systems): the exercises and the claims the notebooks make.
+
+Exercise checks run the student's function on fixed tensors and compare it with the
+reference (PyTorch's own ``torch.optim.Adam``, the EASGD equations), trying to name
+the mistake. Claim checks take what a job measured. Claims that depend on timing or
+scheduling (staleness appears, sparse writes collide less) are asserted only outside
+the ``quick`` profile, where they print "not asserted (quick)" instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from lab_utils.checks import close, fail, passed, that
+from lab_utils.solutions import lab5 as reference
+
+
+def _claim(ok: bool, *, what: str, detail: str, asserted: bool, hint: str = "") -> None:
+    if asserted:
+        that(ok, what=what, detail=detail, hint=hint)
+    else:
+        print(f"· not asserted (quick): {what} ({detail}; {'holds' if ok else 'does not hold'} "
+              "in this run)")
+
+
+# --------------------------------------------------------------------------- exercises
+def check_adam_server_update(fn: Callable, steps: int = 6, workers: int = 3) -> None:
+    """``fn(param, grads, m, v, step, lr, betas, eps)`` equals ``torch.optim.Adam`` on the
+    averaged gradient, step after step (the synchronous parameter server's update)."""
+    what = "adam_server_update = torch.optim.Adam on the averaged gradient"
+    g = torch.Generator().manual_seed(5)
+    lr, betas, eps = 0.01, (0.9, 0.99), 1e-8
+    ref = torch.randn(7, 3, generator=g).requires_grad_()
+    opt = torch.optim.Adam([ref], lr=lr, betas=betas, eps=eps)
+    param = ref.detach().clone()
+    m, v = torch.zeros_like(param), torch.zeros_like(param)
+    for step in range(1, steps + 1):
+        grads = [torch.randn(7, 3, generator=g) * (w + 1) for w in range(workers)]
+        mean = torch.stack(grads).mean(0)
+        ref.grad = mean.clone()
+        opt.step()
+        out = fn(param.clone(), [gr.clone() for gr in grads], m.clone(), v.clone(), step,
+                 lr=lr, betas=betas, eps=eps)
+        if not (isinstance(out, tuple) and len(out) == 3):
+            fail(what, f"returned {type(out).__name__}", "return the tuple (param, m, v)")
+        new_param, m, v = (t.detach() for t in out)
+        state = opt.state[ref]
+        if not torch.allclose(m, state["exp_avg"], rtol=1e-5, atol=1e-7):
+            total = torch.stack(grads).sum(0)
+            if step == 1 and torch.allclose(m, (1 - betas[0]) * total, atol=1e-6):
+                fail(what, "m grew with the *sum* of the pushed gradients",
+                     "average the workers' gradients (divide by how many pushed)")
+            fail(what, f"step {step}: m differs from Adam's exp_avg",
+                 "m ← β1·m + (1−β1)·g with g the mean of the pushed gradients")
+        if not torch.allclose(v, state["exp_avg_sq"], rtol=1e-5, atol=1e-9):
+            fail(what, f"step {step}: v differs from Adam's exp_avg_sq", "v ← β2·v + (1−β2)·g²")
+        if not torch.allclose(new_param, ref.detach(), rtol=1e-5, atol=1e-7):
+            b1, b2 = betas
+            raw = param - lr * m / (v.sqrt() + eps)
+            if torch.allclose(new_param, raw, atol=1e-6):
+                fail(what, f"step {step}: the step has no bias correction",
+                     f"divide m by 1−β1^t and v by 1−β2^t (t = step, from 1): "
+                     f"at t=1 that is ×{1 / (1 - b1):.0f} and ×{1 / (1 - b2):.0f}")
+            err = float((new_param - ref.detach()).abs().max())
+            fail(what, f"step {step}: parameters differ from Adam's by up to {err:.2e}",
+                 "param ← param − lr · m̂ / (√v̂ + ε)")
+        param = new_param
+    passed(what, f"{steps} steps, {workers} workers")
+
+
+def check_easgd(worker_fn: Callable, center_fn: Callable) -> None:
+    """The two EASGD equations on fixed tensors:
+    x_i ← x_i − η (g_i + ρ (x_i − x̃)) and x̃ ← x̃ + η Σ_i ρ (x_i − x̃)."""
+    g = torch.Generator().manual_seed(11)
+    lr, rho = 0.1, 2.5
+    xs = [torch.randn(5, generator=g) for _ in range(3)]
+    grads = [torch.randn(5, generator=g) for _ in range(3)]
+    center = torch.randn(5, generator=g)
+    for x, gr in zip(xs, grads, strict=True):
+        got = worker_fn(x.clone(), gr.clone(), center.clone(), lr, rho)
+        want = x - lr * (gr + rho * (x - center))
+        if torch.allclose(got, x - lr * (gr - rho * (x - center)), atol=1e-6):
+            fail("easgd_worker", "the elastic force pushes x_i away from the centre",
+                 "the term is +ρ(x_i − x̃) inside the bracket: x_i moves towards x̃")
+        if torch.allclose(got, x - lr * gr, atol=1e-6):
+            fail("easgd_worker", "no elastic term", "add η·ρ·(x_i − x̃) to the gradient step")
+        close(got, want, what="easgd_worker: x_i − η(g_i + ρ(x_i − x̃))", rtol=1e-6,
+              hint="x_i ← x_i − η (g_i + ρ (x_i − x̃))")
+    got = center_fn(center.clone(), [x.clone() for x in xs], lr, rho)
+    want = center + lr * rho * sum(x - center for x in xs)
+    moved = [reference.easgd_worker(x, gr, center, lr, rho) for x, gr in zip(xs, grads, strict=True)]
+    if torch.allclose(got, center + lr * rho * sum(x - center for x in moved), atol=1e-6):
+        fail("easgd_center", "used the workers' *new* x_i",
+             "both equations use x_i^t, the values before this round's moves")
+    if torch.allclose(got, center + lr * rho * sum(x - center for x in xs) / len(xs), atol=1e-6):
+        fail("easgd_center", "averaged the differences", "the centre moves by the *sum* over workers")
+    close(got, want, what="easgd_center: x̃ + η Σ ρ(x_i − x̃)", rtol=1e-6,
+          hint="x̃ ← x̃ + η Σ_i ρ (x_i − x̃)")
+    # The symmetric force: what the workers lose the centre gains (round of one worker).
+    x = xs[0]
+    lost = x - worker_fn(x.clone(), torch.zeros(5), center.clone(), lr, rho)
+    gained = center_fn(center.clone(), [x.clone()], lr, rho) - center
+    close(gained, lost, what="elastic force is symmetric (what x_i loses, x̃ gains)", rtol=1e-6)
+
+
+# --------------------------------------------------------------------------- claims
+def check_sync_server(summary: Mapping[str, Any]) -> None:
+    """Synchronous PS: one update per round of N pushes, and no gradient is ever stale."""
+    that(summary["updates"] * summary["workers"] == summary["gradients"],
+         what="sync server: one update per N pushes",
+         detail=f"{summary['updates']} updates from {summary['gradients']} gradients of "
+                f"{summary['workers']} workers")
+    stale = [s for s in summary["staleness"] if s != 0]
+    that(not stale, what="sync server: every gradient applied at the version it was computed on",
+         detail=f"{len(stale)} stale of {len(summary['staleness'])}")
+
+
+def check_async_server(summary: Mapping[str, Any], asserted: bool) -> None:
+    """Async PS: every push is one update; with several workers some are stale."""
+    that(summary["updates"] == summary["gradients"] == len(summary["staleness"]),
+         what="async server: every push applied as one update",
+         detail=f"{summary['updates']} updates, {summary['gradients']} gradients")
+    that(min(summary["staleness"]) >= 0, what="staleness is never negative",
+         detail=f"min {min(summary['staleness'])}")
+    _claim(summary["workers"] > 1 and summary["max_staleness"] >= 1,
+           what="with several workers some gradients are stale",
+           detail=f"mean {summary['mean_staleness']:.2f}, max {summary['max_staleness']}",
+           asserted=asserted)
+
+
+def check_lock(records: Sequence[Mapping[str, Any]], asserted: bool) -> None:
+    """A lock keeps writes apart; without it sparse writes collide less than dense ones."""
+    for r in records:
+        if r["lock"]:
+            that(r["overlapped"] == 0, what=f"{r['model']} model with a lock: no writes overlap",
+                 detail=f"{r['overlapped']} of {r['updates']} overlapped")
+    by = {(r["model"], r["lock"]): r for r in records}
+    if ("dense", False) in by and ("sparse", False) in by:
+        d = by[("dense", False)]["collided_when_overlapping"]
+        s = by[("sparse", False)]["collided_when_overlapping"]
+        _claim(s < d and by[("sparse", False)]["overlapped"] > 0,
+               what="overlapping lock-free writes collide on fewer weights when sparse",
+               detail=f"sparse {s:.1%} vs dense {d:.1%} of the weights they wrote",
+               asserted=asserted)
+
+
+def check_same_outputs(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    close(actual, expected, what=what, rtol=1e-6, atol=1e-6)
+
+
+def check_graph_breaks(plain: int, branchy: int) -> None:
+    """torch.compile captures the plain model whole and breaks on the data-dependent branch."""
+    that(plain == 0, what="plain model: one graph, no break", detail=f"{plain} breaks")
+    that(branchy >= 1, what="data-dependent branch: Dynamo breaks the graph",
+         detail=f"{branchy} break(s)")
+
+
+def check_resume_equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> None:
+    """The resumed run's weights equal the uninterrupted run's, bit for bit."""
+    what = "killed-and-resumed run = uninterrupted run (bitwise)"
+    if set(a) != set(b):
+        fail(what, f"different tensors: {sorted(set(a) ^ set(b))}")
+    diffs = {k: float((a[k].double() - b[k].double()).abs().max()) for k in a
+             if not torch.equal(a[k], b[k])}
+    if diffs:
+        k = max(diffs, key=diffs.get)
+        fail(what, f"{len(diffs)} of {len(a)} tensors differ; largest difference {diffs[k]:.3g} "
+                   f"in {k}", "resume must restore the optimizer state and replay the same batches")
+    passed(what, f"{len(a)} tensors equal")

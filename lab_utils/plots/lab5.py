@@ -1,0 +1,152 @@
+"""Figures of Lab 5: staleness, parameter-server throughput, Hogwild, EASGD, graphs,
+and time lost to a failure. Each takes the records a job emitted and returns a figure."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker as ticker
+import numpy as np
+
+from lab_utils.plots import curves
+
+
+def staleness_histogram(runs: Mapping[str, Sequence[int]], cap: int = 10) -> plt.Figure:
+    """How many updates each applied gradient missed (versions between pull and apply);
+    values of ``cap`` or more share the last bar, so a long tail stays visible."""
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    width = 0.8 / max(1, len(runs))
+    xs = np.arange(cap + 1)
+    for i, (label, values) in enumerate(runs.items()):
+        counts = Counter(min(int(s), cap) for s in values)
+        share = np.array([counts.get(int(x), 0) for x in xs]) / max(1, len(values))
+        ax.bar(xs + (i - (len(runs) - 1) / 2) * width, share, width=width,
+               label=f"{label}: mean {np.mean(values):.2f}, max {max(values)}")
+    ax.set_xticks(xs, [str(x) for x in xs[:-1]] + [f"≥{cap}"])
+    ax.set_yscale("log")
+    ax.set_xlabel("staleness (updates applied between the worker's pull and its push)")
+    ax.set_ylabel("share of applied gradients (log)")
+    ax.set_title("measured staleness of every applied gradient")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_vs_time(evals: Mapping[str, Sequence[Mapping[str, float]]]) -> plt.Axes:
+    """Test accuracy of the server's weights against wall time, one curve per run."""
+    series = {label: ([r["t"] for r in rows], [r["acc"] for r in rows])
+              for label, rows in evals.items()}
+    return curves(series, xlabel="wall time (s)", ylabel="test accuracy",
+                  title="parameter server: accuracy against wall time")
+
+
+def throughput(rows: Sequence[Mapping[str, Any]]) -> plt.Figure:
+    """Gradients per second and the servers' busy share, against the number of workers."""
+    fig, (ax, ax_busy) = plt.subplots(1, 2, figsize=(10, 3.5))
+    labels = sorted({(r["mode"], r["shards"]) for r in rows})
+    for mode, shards in labels:
+        sel = sorted((r for r in rows if (r["mode"], r["shards"]) == (mode, shards)),
+                     key=lambda r: r["workers"])
+        name = f"{mode}, {shards} shard{'s' if shards > 1 else ''}"
+        ax.plot([r["workers"] for r in sel], [r["grads_per_s"] for r in sel], marker="o", label=name)
+        ax_busy.plot([r["workers"] for r in sel], [100 * max(r["server_busy"]) for r in sel],
+                     marker="o", label=name)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("gradients applied per second")
+    ax.set_title("throughput")
+    ax_busy.set_xlabel("workers")
+    ax_busy.set_ylabel("busiest server: % of wall time updating")
+    ax_busy.set_title("server load")
+    for a in (ax, ax_busy):
+        a.grid(True, alpha=0.3)
+        a.legend()
+    fig.tight_layout()
+    return fig
+
+
+def hogwild(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
+    """Updates per second, test accuracy and collided writes, lock vs no lock, per model."""
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    models = [m for m in ("dense", "sparse") if any(r["model"] == m for r in records)]
+    x = np.arange(len(models))
+    for j, (lock, name) in enumerate(((True, "lock"), (False, "no lock (Hogwild!)"))):
+        rec = [next((r for r in records if r["model"] == m and r["lock"] == lock), None)
+               for m in models]
+        for ax, key, scale in zip(axes, ("updates_per_s", "acc", "collided_when_overlapping"), (1, 1, 100),
+                                  strict=True):
+            vals = [scale * r[key] if r else 0 for r in rec]
+            ax.bar(x + (j - 0.5) * 0.38, vals, width=0.38, label=name)
+    for ax, title in zip(axes, ("updates per second", "test accuracy",
+                                "overlapping writes: % of their weights\nthat the other write also wrote"),
+                                strict=True):
+        ax.set_xticks(x, [f"{m} model" for m in models])
+        ax.set_title(title)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    return fig
+
+
+def easgd(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
+    """Test accuracy of the centre (EASGD) or the average (SGD) against communication rounds."""
+    methods = list(dict.fromkeys(r["method"] for r in records))
+    fig, axes = plt.subplots(1, len(methods), figsize=(4.2 * len(methods), 3.5), sharey=True)
+    axes = np.atleast_1d(axes)
+    for ax, method in zip(axes, methods, strict=True):
+        series = {}
+        for tau in sorted({r["tau"] for r in records if r["method"] == method}):
+            rows = [r for r in records if r["method"] == method and r["tau"] == tau]
+            series[f"τ = {tau}"] = ([r["round"] for r in rows], [r["acc"] for r in rows])
+        curves(series, xlabel="rounds of communication (log)", ylabel="test accuracy",
+               title=method, logx=True, ax=ax)
+        ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    fig.tight_layout()
+    return fig
+
+
+def fx_graph(gm: Any, title: str = "") -> plt.Figure:
+    """Draw a ``torch.fx.GraphModule``'s nodes top to bottom, with their data edges."""
+    nodes = list(gm.graph.nodes)
+    pos = {n: (0.0, -i) for i, n in enumerate(nodes)}
+    fig, ax = plt.subplots(figsize=(6, 0.55 * len(nodes) + 0.5))
+    colours = {"placeholder": "#cde", "call_module": "#fdb", "call_function": "#dfd",
+               "call_method": "#dfd", "get_attr": "#eee", "output": "#cde"}
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            (x0, y0), (x1, y1) = pos[inp], pos[n]
+            rad = 0.0 if y0 - y1 == 1 else 0.4
+            ax.annotate("", xy=(x1, y1 + 0.25), xytext=(x0, y0 - 0.25),
+                        arrowprops={"arrowstyle": "->", "connectionstyle": f"arc3,rad={rad}"})
+        target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+        ax.text(0, pos[n][1], f"{n.op}: {target}", ha="center", va="center", fontsize=9,
+                bbox={"boxstyle": "round", "fc": colours.get(n.op, "#fff")})
+    ax.set_xlim(-1.5, 1.5)
+    ax.set_ylim(-len(nodes), 1)
+    ax.axis("off")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return fig
+
+
+def time_lost(rows: Sequence[Mapping[str, Any]]) -> plt.Axes:
+    """Time lost to one killed rank (and the steps redone) against the checkpoint interval."""
+    rows = sorted(rows, key=lambda r: r["interval"])
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    xs = [r["interval"] for r in rows]
+    ax.plot(xs, [r["lost_s"] for r in rows], marker="o", label="time lost (measured)")
+    ax.plot(xs, [r["redone"] * r["step_s"] for r in rows], marker="s", linestyle="--",
+            label="steps redone × time per step")
+    ax.set_xlabel("checkpoint interval (steps)")
+    ax.set_ylabel("seconds")
+    ax.set_title("cost of one failure")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return ax

@@ -1,0 +1,130 @@
+"""Elastic averaging SGD (EASGD) against synchronous SGD with periodic averaging.
+
+Each process is a worker with its own weights x_i; every process also keeps a copy of
+the centre variable x~ (all copies stay equal: they see the same messages). Every
+``tau`` local steps the workers communicate:
+
+- ``easgd``     (synchronous EASGD, all workers at once, one all-reduce):
+                x_i <- x_i - alpha (x_i - x~)        x~ <- x~ + alpha sum_i (x_i - x~)
+- ``easgd-rr``  (round-robin, EASGD's multi-GPU algorithm): at round r only worker
+                r mod N meets the centre (one broadcast), the others keep training;
+- ``sgd``       (synchronous SGD every tau steps): x_i <- mean_j x_j (one all-reduce).
+
+with alpha = eta * rho = beta / N. Between rounds each worker takes plain SGD steps on
+its own batches of Fashion-MNIST. Rank 0 evaluates the centre (``sgd``: the average) after
+every round and emits ``easgd`` records: method, tau, round, local steps, test accuracy.
+
+    torchrun --standalone --nproc-per-node 2 easgd.py --methods easgd sgd --taus 1 4 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as tdist
+import torch.nn.functional as F
+
+from lab_utils import dist, metrics, models, tensordata
+
+METHODS = ("easgd", "easgd-rr", "sgd")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    p.add_argument("--taus", type=int, nargs="+", default=[1, 4, 16],
+                   help="communication periods (local steps between rounds)")
+    p.add_argument("--steps", type=int, default=400, help="local steps per worker")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=0.05, help="eta")
+    p.add_argument("--beta", type=float, default=0.9, help="alpha = eta*rho = beta / N")
+    p.add_argument("--eval-every", type=int, default=1, help="rounds between evaluations")
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--n-train", type=int, default=10000)
+    p.add_argument("--n-test", type=int, default=1000)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if min(args.taus) < 1 or args.steps < 1:
+        p.error("--taus and --steps must be >= 1")
+    return args
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+
+
+def load_flat(model: torch.nn.Module, vec: torch.Tensor) -> None:
+    torch.nn.utils.vector_to_parameters(vec, model.parameters())
+
+
+def communicate(method: str, x: torch.Tensor, center: torch.Tensor, alpha: float, rnd: int,
+                rank: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One round of communication; returns this worker's new x and the new centre."""
+    if method == "sgd":
+        total = x.clone()
+        tdist.all_reduce(total)  # sum of the workers' weights
+        avg = total / n
+        return avg, avg.clone()
+    if method == "easgd":
+        total = x.clone()
+        tdist.all_reduce(total)
+        diff = x - center
+        # x~ + alpha * sum_i (x_i - x~) = x~ + alpha * (sum_i x_i - N x~)
+        new_center = center + alpha * (total - n * center)
+        return x - alpha * diff, new_center
+    # easgd-rr: worker k = rnd mod N alone meets the centre this round
+    k = rnd % n
+    xk = x.clone()
+    tdist.broadcast(xk, src=k)
+    diff = xk - center
+    return (x - alpha * diff if rank == k else x), center + alpha * diff
+
+
+def run(method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensors,
+        info: dist.DistInfo) -> float:
+    n, rank, dev = info.world_size, info.rank, info.device
+    torch.manual_seed(args.seed)
+    model = models.build("mlp", hidden=(args.hidden,)).to(dev)
+    evaluator = models.build("mlp", hidden=(args.hidden,)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    alpha = args.beta / n
+    center = flat(model).clone()
+    x, y = data.x_train.to(dev), data.y_train.to(dev)
+    acc, rnd = 0.0, 0
+    for step in range(1, args.steps + 1):
+        idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=rank,
+                                       step=step).to(dev)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[idx]), y[idx]).backward()  # g_i at x_i^t
+        if step % tau == 0:  # a round: the elastic move uses x_i^t, as the equations say
+            rnd += 1
+            new_x, center = communicate(method, flat(model), center, alpha, rnd - 1, rank, n)
+            load_flat(model, new_x)
+            if rank == 0 and (rnd % args.eval_every == 0 or step + tau > args.steps):
+                load_flat(evaluator, center)
+                acc = tensordata.accuracy(evaluator, data.x_test, data.y_test)
+                metrics.emit({"event": "easgd", "method": method, "tau": tau, "round": rnd,
+                              "step": step, "acc": acc, "workers": n, "alpha": alpha})
+        opt.step()  # x_i <- x_i - eta g_i (after the elastic move: together the deck's update)
+    return acc
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    share = torch.cuda.is_available() and local > torch.cuda.device_count()
+    info = dist.init(backend="gloo" if share else None)
+    data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
+    for method in args.methods:
+        for tau in args.taus:
+            acc = run(method, tau, args, data, info)
+            dist.print0(f"{method:>8} tau={tau:<3} {args.steps // tau:>4} rounds: centre test "
+                        f"accuracy {acc:.3f}", flush=True)
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

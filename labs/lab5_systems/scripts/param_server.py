@@ -1,0 +1,304 @@
+"""A parameter server over torch.distributed.rpc: synchronous or asynchronous SGD.
+
+The first ``--shards`` processes are servers: each owns a slice of the parameters and
+the optimizer state for it. The other processes are stateless workers: they pull the
+weights, compute a gradient on their own batch of Fashion-MNIST and push it.
+
+- ``--mode sync``: a shard waits for every worker's push, averages, steps once and
+  answers all workers with the new weights (``@rpc.functions.async_execution``).
+- ``--mode async``: a shard applies each push as it arrives and answers at once;
+  the *staleness* of a gradient is how many updates the shard applied between the
+  worker's pull and this push.
+
+    torchrun --standalone --nproc-per-node 3 param_server.py --mode async   # 1 server, 2 workers
+    torchrun --standalone --nproc-per-node 4 param_server.py --shards 2     # 2 servers, 2 workers
+
+Rank 0 (shard 0) emits JSON records: ``ps_summary`` (throughput, staleness, server
+busy fraction) and ``ps_eval`` (test accuracy of weight snapshots against wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+import warnings
+
+import torch
+import torch.distributed.rpc as rpc
+import torch.nn.functional as F
+
+from lab_utils import metrics, models, profile, tensordata
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("sync", "async"), default="async")
+    p.add_argument("--shards", type=int, default=1, help="server processes (the rest are workers)")
+    p.add_argument("--steps", type=int, default=100, help="gradients each worker pushes")
+    p.add_argument("--batch-size", type=int, default=32, help="per worker")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                   help="the update the servers apply (state kept on the servers)")
+    p.add_argument("--hidden", type=int, default=128, help="hidden units of the MLP")
+    p.add_argument("--n-train", type=int, default=10000)
+    p.add_argument("--n-test", type=int, default=2000)
+    p.add_argument("--snapshots", type=int, default=8,
+                   help="weight snapshots worker 0 keeps for the accuracy-vs-time curve")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rpc-timeout", type=float, default=60.0,
+                   help="seconds an RPC may take before the caller gives up")
+    p.add_argument("--job-timeout", type=float, default=600.0,
+                   help="seconds shard 0 waits for every worker to finish before giving up")
+    p.add_argument("--crash", default="",
+                   help="fault injection: 'worker:STEP' (worker 1 dies at that step) or "
+                        "'server:VERSION' (shard 0 dies at that version)")
+    p.add_argument("--save", default="", help="write the final weights here (rank 0)")
+    args = p.parse_args(argv)
+    if args.shards < 1:
+        p.error("--shards must be >= 1")
+    return args
+
+
+def build_model(args: argparse.Namespace) -> torch.nn.Module:
+    torch.manual_seed(args.seed)  # every process builds the same initial weights
+    return models.build("mlp", hidden=(args.hidden,))
+
+
+def partition(params: list[torch.Tensor], shards: int) -> list[list[int]]:
+    """Parameter indices per shard, balanced by size (largest first onto the lightest)."""
+    owned: list[list[int]] = [[] for _ in range(shards)]
+    load = [0] * shards
+    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+        k = load.index(min(load))
+        owned[k].append(i)
+        load[k] += params[i].numel()
+    return [sorted(o) for o in owned]
+
+
+# ============================================================ server side
+class Shard:
+    """The state one server owns: its parameters, their optimizer, a version counter."""
+
+    def __init__(self, params: list[torch.Tensor], args: argparse.Namespace, workers: int) -> None:
+        self.params = [p.detach().clone() for p in params]
+        opt = torch.optim.Adam if args.optimizer == "adam" else torch.optim.SGD
+        self.optimizer = opt(self.params, lr=args.lr)
+        self.workers, self.mode = workers, args.mode
+        self.lock = threading.Lock()
+        self.version = 0
+        self.staleness: list[int] = []  # one entry per applied gradient
+        self.busy_s = 0.0  # time spent applying updates, under the lock
+        self.first = self.last = 0.0
+        self.pending: list[list[torch.Tensor]] = []
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.crash_at = int(args.crash.split(":")[1]) if args.crash.startswith("server:") else -1
+        self.reports: dict[int, dict] = {}
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.clone() for p in self.params]
+
+    def apply(self, grads: list[torch.Tensor]) -> None:
+        """One optimizer step with ``grads`` (called under the lock)."""
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+        self.optimizer.step()
+        self.version += 1
+        if self.version == self.crash_at:
+            print(f"server: simulated crash at version {self.version}", flush=True)
+            os._exit(3)
+
+
+SHARD: Shard | None = None  # set in the server processes
+
+
+def pull() -> tuple[int, list[torch.Tensor]]:
+    """RPC: the current version and weights of this shard."""
+    with SHARD.lock:
+        return SHARD.version, SHARD.weights()
+
+
+def push_async(grads: list[torch.Tensor], pulled: int) -> tuple[int, list[torch.Tensor]]:
+    """RPC (async mode): apply one worker's gradient now; answer with the new weights."""
+    s = SHARD
+    with s.lock:
+        t0 = time.perf_counter()
+        s.first = s.first or t0
+        s.staleness.append(s.version - pulled)  # updates applied since this worker pulled
+        s.apply(grads)
+        out = s.version, s.weights()
+        s.last = time.perf_counter()
+        s.busy_s += s.last - t0
+    return out
+
+
+@rpc.functions.async_execution
+def push_sync(grads: list[torch.Tensor], pulled: int) -> torch.futures.Future:
+    """RPC (sync mode): hold every worker's push until all have arrived, then step once
+    with the average and answer all of them with the same new weights."""
+    s = SHARD
+    with s.lock:
+        t0 = time.perf_counter()
+        s.first = s.first or t0
+        fut = s.future
+        s.pending.append(grads)
+        s.staleness.append(s.version - pulled)  # 0: nobody can step before all pushed
+        result = None
+        if len(s.pending) == s.workers:
+            mean = [torch.stack(gs).mean(0) for gs in zip(*s.pending, strict=True)]
+            s.apply(mean)
+            s.pending, s.future = [], torch.futures.Future()
+            result = (s.version, s.weights())
+        s.last = time.perf_counter()
+        s.busy_s += s.last - t0
+    if result is not None:
+        fut.set_result(result)  # outside the lock: this wakes the waiting answers
+    return fut
+
+
+def report(worker: int, stats: dict) -> None:
+    """RPC: a worker hands its statistics (and snapshots) to shard 0 before it leaves."""
+    with SHARD.lock:
+        SHARD.reports[worker] = stats
+
+
+def shard_stats() -> dict:
+    """RPC: what a shard measured (asked by shard 0 at the end)."""
+    s = SHARD
+    with s.lock:
+        return {"version": s.version, "staleness": list(s.staleness), "busy_s": s.busy_s,
+                "span_s": s.last - s.first, "weights": s.weights()}
+
+
+# ============================================================ worker side
+def work(args: argparse.Namespace, wid: int, servers: list[str], owned: list[list[int]],
+         data: tensordata.Tensors) -> None:
+    device = profile.device()
+    model = build_model(args).to(device)
+    params = list(model.parameters())
+    x, y = data.x_train.to(device), data.y_train.to(device)
+    push = push_sync if args.mode == "sync" else push_async
+    crash_at = int(args.crash.split(":")[1]) if args.crash.startswith("worker:") else -1
+    timeout = args.rpc_timeout
+
+    def install(answers: list[tuple[int, list[torch.Tensor]]]) -> list[int]:
+        with torch.no_grad():
+            for idx, (_, ws) in zip(owned, answers, strict=True):
+                for i, w in zip(idx, ws, strict=True):
+                    params[i].copy_(w)
+        return [v for v, _ in answers]
+
+    versions = install([rpc.rpc_sync(s, pull, timeout=timeout) for s in servers])
+    snap_every = max(1, args.steps // max(1, args.snapshots))
+    snapshots, start = [], time.time()
+    compute_s = 0.0
+    for step in range(args.steps):
+        if wid == 1 and step == crash_at:
+            print(f"worker {wid}: simulated crash at step {step}", flush=True)
+            os._exit(3)
+        t0 = time.perf_counter()
+        idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=wid, step=step)
+        model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[idx]), y[idx]).backward()
+        grads = [p.grad.detach().cpu() for p in params]
+        compute_s += time.perf_counter() - t0
+        futs = [rpc.rpc_async(s, push, args=([grads[i] for i in idx_k], v), timeout=timeout)
+                for s, idx_k, v in zip(servers, owned, versions, strict=True)]
+        versions = install([f.wait() for f in futs])
+        if wid == 0 and ((step + 1) % snap_every == 0 or step + 1 == args.steps):
+            snapshots.append((time.time(), [p.detach().cpu().clone() for p in params]))
+    rpc.rpc_sync(servers[0], report, args=(wid, {
+        "start": start, "end": time.time(), "steps": args.steps, "compute_s": compute_s,
+        "snapshots": snapshots}), timeout=timeout)
+
+
+# ============================================================ the job
+def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
+           data: tensordata.Tensors) -> None:
+    """Shard 0, after every worker has left: gather, evaluate, emit."""
+    stats = [shard_stats()] + [rpc.rpc_sync(s, shard_stats) for s in servers[1:]]
+    reports = SHARD.reports
+    start = min(r["start"] for r in reports.values())
+    end = max(r["end"] for r in reports.values())
+    model = build_model(args)
+    params = list(model.parameters())
+    metrics.emit({"event": "ps_eval", "mode": args.mode, "t": 0.0,
+                  "acc": tensordata.accuracy(model, data.x_test, data.y_test)})
+    for t, ws in reports[0]["snapshots"]:
+        with torch.no_grad():
+            for p, w in zip(params, ws, strict=True):
+                p.copy_(w)
+        acc = tensordata.accuracy(model, data.x_test, data.y_test)
+        metrics.emit({"event": "ps_eval", "mode": args.mode, "t": t - start, "acc": acc})
+    with torch.no_grad():  # the final weights, straight from the servers
+        for st, idx in zip(stats, owned, strict=True):
+            for i, w in zip(idx, st["weights"], strict=True):
+                params[i].copy_(w)
+    final_acc = tensordata.accuracy(model, data.x_test, data.y_test)
+    if args.save:
+        models.save(args.save, model, mode=args.mode, optimizer=args.optimizer)
+    workers = len(reports)
+    grads = sum(r["steps"] for r in reports.values())
+    wall = end - start
+    staleness = stats[0]["staleness"]
+    summary = {
+        "event": "ps_summary", "mode": args.mode, "workers": workers, "shards": len(servers),
+        "optimizer": args.optimizer, "gradients": grads, "updates": stats[0]["version"],
+        "wall_s": wall, "grads_per_s": grads / wall, "final_acc": final_acc,
+        "staleness": staleness, "mean_staleness": sum(staleness) / len(staleness),
+        "max_staleness": max(staleness),
+        "server_busy": [st["busy_s"] / wall for st in stats],
+        "worker_compute": sum(r["compute_s"] for r in reports.values()) / (workers * wall),
+    }
+    metrics.emit(summary)
+    print(f"{args.mode} PS, {len(servers)} shard(s), {workers} workers: {grads} gradients in "
+          f"{wall:.2f} s = {grads / wall:.0f}/s; {stats[0]['version']} updates; staleness mean "
+          f"{summary['mean_staleness']:.2f} max {summary['max_staleness']}; server busy "
+          f"{', '.join(f'{b:.0%}' for b in summary['server_busy'])}; test accuracy {final_acc:.3f}",
+          flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    global SHARD
+    warnings.filterwarnings("ignore", message="You are using a Backend")  # rpc's own init
+    args = parse_args(argv)
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world <= args.shards:
+        raise SystemExit(f"param_server.py needs more processes than --shards={args.shards} "
+                         f"(got {world}): start it with torchrun --nproc-per-node N")
+    profile.configure_threads()
+    servers = [f"ps{k}" for k in range(args.shards)]
+    workers = world - args.shards
+    name = servers[rank] if rank < args.shards else f"worker{rank - args.shards}"
+    template = list(build_model(args).parameters())
+    owned = partition(template, args.shards)
+    if rank < args.shards:
+        SHARD = Shard([template[i] for i in owned[rank]], args, workers)
+    # Load the data first: init_rpc waits for every process, so the workers then start
+    # their loops together (a late starter would see no concurrency, hence no staleness).
+    data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
+    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=args.rpc_timeout, num_worker_threads=16,
+                                           init_method="env://")
+    rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)
+    try:
+        if rank >= args.shards:
+            work(args, rank - args.shards, servers, owned, data)
+        else:
+            # A server only answers RPCs; shard 0 waits until every worker has reported.
+            deadline = time.monotonic() + args.job_timeout
+            while rank == 0 and len(SHARD.reports) < workers:
+                if time.monotonic() > deadline:
+                    raise SystemExit("server: the workers did not all report in time")
+                time.sleep(0.02)
+            if rank == 0:
+                finish(args, servers, owned, data)
+    except RuntimeError as exc:  # a peer died or an RPC timed out
+        print(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
+        raise SystemExit(f"{name}: lost contact with the job ({exc.__class__.__name__}); "
+                         "see the failing process above") from None
+    rpc.shutdown()  # graceful: waits until every process is done with its RPCs
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""Lab 5: the exercises' checks (and that wrong answers fail them), the measurements the
+scripts make, a parameter server whose worker or server dies, the synchronous server's
+Adam against torch.optim.Adam, and a killed-and-resumed run against an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import REPO, processes_matching
+
+from lab_utils import launch, models, tensordata
+from lab_utils.checks import CheckFailed
+from lab_utils.checks import lab5 as checks
+from lab_utils.solutions import lab5 as solutions
+
+LAB = REPO / "labs" / "lab5_systems"
+SCRIPTS = LAB / "scripts"
+QUICK = {"LABS_PROFILE": "quick"}
+
+
+def script_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ------------------------------------------------------------------ exercise checks
+def test_adam_check_accepts_the_reference():
+    checks.check_adam_server_update(solutions.adam_server_update)
+
+
+def _adam_without_bias_correction(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+    g = torch.stack(grads).mean(0)
+    m = betas[0] * m + (1 - betas[0]) * g
+    v = betas[1] * v + (1 - betas[1]) * g * g
+    return param - lr * m / (v.sqrt() + eps), m, v
+
+
+def _adam_on_the_sum(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+    return solutions.adam_server_update(param, [torch.stack(grads).sum(0)], m, v, step, lr, betas, eps)
+
+
+def _sgd_instead(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
+    return param - lr * torch.stack(grads).mean(0), m, v
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (_adam_without_bias_correction, "no bias correction"),
+    (_adam_on_the_sum, "sum"),
+    (_sgd_instead, "differs"),
+])
+def test_adam_check_rejects_wrong_updates(wrong, message):
+    with pytest.raises(CheckFailed, match=message):
+        checks.check_adam_server_update(wrong)
+
+
+def test_easgd_check_accepts_the_reference():
+    checks.check_easgd(solutions.easgd_worker, solutions.easgd_center)
+
+
+@pytest.mark.parametrize("worker, center, message", [
+    (lambda x, g, c, lr, rho: x - lr * (g - rho * (x - c)), solutions.easgd_center, "away from"),
+    (lambda x, g, c, lr, rho: x - lr * g, solutions.easgd_center, "no elastic term"),
+    (lambda x, g, c, lr, rho: x - lr * (g + rho * (x - c)) * 0.5, solutions.easgd_center, "relative error"),
+    (solutions.easgd_worker, lambda c, xs, lr, rho: c + lr * rho * sum(x - c for x in xs) / len(xs),
+     "averaged"),
+    (solutions.easgd_worker, lambda c, xs, lr, rho: c - lr * rho * sum(x - c for x in xs),
+     "relative error"),
+])
+def test_easgd_check_rejects_wrong_equations(worker, center, message):
+    with pytest.raises(CheckFailed, match=message):
+        checks.check_easgd(worker, center)
+
+
+def test_resume_check_sees_one_ulp():
+    a = {"w": torch.ones(3), "b": torch.zeros(2)}
+    checks.check_resume_equal(a, {k: v.clone() for k, v in a.items()})
+    b = {"w": torch.nextafter(torch.ones(3), torch.full((3,), 2.0)), "b": torch.zeros(2)}
+    with pytest.raises(CheckFailed, match="1 of 2 tensors differ"):
+        checks.check_resume_equal(b, a)
+    with pytest.raises(CheckFailed, match="different tensors"):
+        checks.check_resume_equal({"w": a["w"]}, a)
+
+
+def _summary(mode, staleness, updates, gradients, workers=2):
+    return {"mode": mode, "staleness": staleness, "updates": updates, "gradients": gradients,
+            "workers": workers, "mean_staleness": sum(staleness) / len(staleness),
+            "max_staleness": max(staleness)}
+
+
+def test_server_claims_can_fail(capsys):
+    checks.check_sync_server(_summary("sync", [0, 0, 0, 0], 2, 4))
+    with pytest.raises(CheckFailed, match="1 stale"):
+        checks.check_sync_server(_summary("sync", [0, 1, 0, 0], 2, 4))
+    with pytest.raises(CheckFailed, match="one update per N"):
+        checks.check_sync_server(_summary("sync", [0, 0, 0, 0], 4, 4))
+    checks.check_async_server(_summary("async", [0, 1, 2, 1], 4, 4), asserted=True)
+    with pytest.raises(CheckFailed, match="some gradients are stale"):
+        checks.check_async_server(_summary("async", [0, 0, 0, 0], 4, 4), asserted=True)
+    checks.check_async_server(_summary("async", [0, 0, 0, 0], 4, 4), asserted=False)
+    assert "not asserted (quick)" in capsys.readouterr().out
+    with pytest.raises(CheckFailed, match="every push applied"):
+        checks.check_async_server(_summary("async", [0, 1, 2, 1], 3, 4), asserted=False)
+
+
+def test_lock_claims_can_fail():
+    rec = {"model": "dense", "lock": True, "overlapped": 0, "updates": 10}
+    checks.check_lock([rec], asserted=True)
+    with pytest.raises(CheckFailed, match="no writes overlap"):
+        checks.check_lock([dict(rec, overlapped=2)], asserted=True)
+    dense = {"model": "dense", "lock": False, "overlapped": 5, "collided_when_overlapping": 1.0}
+    sparse = {"model": "sparse", "lock": False, "overlapped": 5, "collided_when_overlapping": 0.02}
+    checks.check_lock([dense, sparse], asserted=True)
+    with pytest.raises(CheckFailed, match="fewer weights when sparse"):
+        checks.check_lock([dense, dict(sparse, collided_when_overlapping=1.0)], asserted=True)
+
+
+def test_graph_break_check_can_fail():
+    checks.check_graph_breaks(0, 1)
+    with pytest.raises(CheckFailed):
+        checks.check_graph_breaks(1, 1)
+    with pytest.raises(CheckFailed):
+        checks.check_graph_breaks(0, 0)
+
+
+# ------------------------------------------------------------------ measurements
+def test_hogwild_collisions_are_counted_from_the_logged_writes():
+    hogwild = script_module("hogwild")
+    np = pytest.importorskip("numpy")
+    # Dense: worker 0's write [0, 2] overlaps worker 1's [1, 3]; [4, 5] overlaps nothing.
+    logs = {0: [(0.0, 2.0, None), (4.0, 5.0, None)], 1: [(1.0, 3.0, None)]}
+    n, overlapped, collided, when = hogwild.conflicts(logs, dense_size=100)
+    assert (n, overlapped) == (3, 2)
+    assert when == 1.0 and collided == pytest.approx(200 / 300)
+    # Sparse: the overlapping writes share one of their four rows each.
+    logs = {0: [(0.0, 2.0, np.array([1, 2, 3, 4]))], 1: [(1.0, 3.0, np.array([4, 5, 6, 7]))],
+            2: [(9.0, 9.5, np.array([4]))]}
+    n, overlapped, collided, when = hogwild.conflicts(logs, dense_size=100)
+    assert (n, overlapped) == (3, 2) and when == pytest.approx(2 / 8)
+    # The same worker's writes never collide with each other.
+    assert hogwild.conflicts({0: [(0.0, 2.0, None), (1.0, 3.0, None)]}, 10)[1] == 0
+
+
+def test_hashed_features_are_sparse_and_stable():
+    hogwild = script_module("hogwild")
+    data = tensordata.load(64, 8, seed=0)
+    ids = hogwild.hashed_patches(data.x_train)
+    assert ids.shape == (64, 16) and int(ids.min()) >= 0 and int(ids.max()) < hogwild.BUCKETS
+    assert torch.equal(ids, hogwild.hashed_patches(data.x_train))
+    assert (ids == 0).any() and (ids != 0).sum(1).min() > 0  # empty patches, yet every image has features
+
+
+def test_batch_indices_depend_on_seed_worker_and_step_only():
+    a = tensordata.batch_indices(100, 8, seed=1, worker=0, step=3)
+    assert torch.equal(a, tensordata.batch_indices(100, 8, seed=1, worker=0, step=3))
+    assert not torch.equal(a, tensordata.batch_indices(100, 8, seed=1, worker=1, step=3))
+    assert not torch.equal(a, tensordata.batch_indices(100, 8, seed=1, worker=0, step=4))
+
+
+def test_scripts_have_help():
+    procs = {name: subprocess.Popen([sys.executable, str(SCRIPTS / name), "--help"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                    env=launch.job_env("python", QUICK, 1, 60))
+             for name in ("param_server.py", "hogwild.py", "easgd.py", "elastic_train.py")}
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+        assert "usage:" in out and "--" in out, name
+
+
+# ------------------------------------------------------------------ jobs
+def ps_job(args, nprocs=3, timeout=120, tmp=None):
+    env = dict(QUICK, LABS_RUNS=str(tmp)) if tmp else QUICK
+    return launch.run(SCRIPTS / "param_server.py", [str(a) for a in args], nprocs=nprocs,
+                      timeout=timeout, echo=False, env=env)
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("mode, crash, who", [("sync", "worker:4", "worker 1"),
+                                              ("async", "server:6", "server")])
+def test_a_dead_worker_or_server_ends_the_job(mode, crash, who):
+    timeout = 120
+    result = ps_job(["--mode", mode, "--steps", "40", "--n-train", "1000", "--n-test", "100",
+                     "--crash", crash, "--rpc-timeout", "30"], timeout=timeout)
+    assert not result.ok and not result.timed_out and result.elapsed < timeout
+    assert f"{who}: simulated crash" in result.output
+    assert "exitcode" in result.output  # torchrun names the process that failed
+    assert processes_matching(str(SCRIPTS / "param_server.py")) == []
+
+
+@pytest.mark.launcher
+def test_sync_server_adam_equals_torch_adam_on_the_averaged_gradient(tmp_path):
+    steps, batch, n_train, lr, hidden = 4, 16, 500, 0.01, 32
+    out = tmp_path / "ps.pt"
+    result = ps_job(["--mode", "sync", "--optimizer", "adam", "--steps", steps, "--batch-size", batch,
+                     "--lr", lr, "--hidden", hidden, "--n-train", n_train, "--n-test", 100,
+                     "--save", out], tmp=tmp_path).check()
+    summary = next(m for m in result.metrics if m["event"] == "ps_summary")
+    assert summary["updates"] == steps and summary["gradients"] == 2 * steps
+    # The same computation in one process: both workers' gradients at the same weights,
+    # averaged, one torch.optim.Adam step.
+    torch.manual_seed(0)
+    model = models.build("mlp", hidden=(hidden,))
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    data = tensordata.load(n_train, 100, seed=0)
+    for step in range(steps):
+        grads = []
+        for worker in range(2):
+            idx = tensordata.batch_indices(n_train, batch, seed=0, worker=worker, step=step)
+            model.zero_grad()
+            F.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *gs in zip(model.parameters(), *grads, strict=True):
+            p.grad = torch.stack(gs).mean(0)
+        opt.step()
+    served = models.read_checkpoint(out)["state_dict"]
+    for name, p in model.state_dict().items():
+        torch.testing.assert_close(served[name], p, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+def test_killed_rank_resumes_to_the_uninterrupted_weights(tmp_path):
+    def train(name: str, *extra: str, restarts: int = 0) -> tuple[launch.LaunchResult, dict]:
+        folder = tmp_path / name
+        args = ["--steps", "30", "--n-train", "1000", "--n-test", "100", "--hidden", "32",
+                "--ckpt-every", "10", "--ckpt-dir", str(folder), "--out", str(folder / "final.pt"),
+                *extra]
+        job = launch.run(SCRIPTS / "elastic_train.py", args, nprocs=2, timeout=180, echo=False,
+                         env=QUICK, launcher_args=[f"--max-restarts={restarts}"]).check()
+        return job, torch.load(folder / "final.pt", weights_only=True)["state_dict"]
+
+    clean, a = train("clean")
+    killed, b = train("killed", "--kill-at", "25", restarts=1)
+    assert "rank 1: SIGKILL at step 25" in killed.output
+    assert "attempt 1: starting at step 20" in killed.output
+    starts = [m for m in killed.metrics if m["event"] == "elastic_start"]
+    assert [(m["attempt"], m["step"]) for m in starts] == [(0, 0), (1, 20)]
+    checks.check_resume_equal(b, a)
+    # Without --max-restarts a killed rank fails the job, within its timeout, leaving nothing.
+    failed = launch.run(SCRIPTS / "elastic_train.py",
+                        ["--steps", "30", "--n-train", "1000", "--n-test", "100", "--hidden", "32",
+                         "--ckpt-dir", str(tmp_path / "norestart"), "--kill-at", "5"],
+                        nprocs=2, timeout=120, echo=False, env=QUICK)
+    assert not failed.ok and not failed.timed_out
+    assert processes_matching(str(SCRIPTS / "elastic_train.py")) == []
+
+
+def test_every_notebook_and_script_is_in_the_lab_readme():
+    readme = (LAB / "README.md").read_text()
+    names = [p.name for p in sorted(LAB.glob("*.ipynb")) + sorted(SCRIPTS.glob("*.py"))]
+    assert len(names) == 10, names
+    missing = [n for n in names if f"`{n}`" not in readme]
+    assert not missing, f"not described in labs/lab5_systems/README.md: {missing}"
