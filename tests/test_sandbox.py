@@ -50,10 +50,12 @@ def _checkout() -> dict[str, str]:
 
 
 def _git_status() -> str | None:
-    """``git status`` of the checkout (None where it is not a git checkout)."""
+    """``git status`` of the code, the targets and the fixtures (None where the checkout
+    is not a git checkout; other folders may change under tests running beside)."""
     if shutil.which("git") is None:
         return None
-    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--",
+                           "lab_utils", "assessment", "tests/submissions"],
                           cwd=REPO, capture_output=True, text=True)
     return done.stdout if done.returncode == 0 else None
 
