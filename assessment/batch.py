@@ -14,7 +14,6 @@ same submission file and target are not graded again (``--regrade`` forces it).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import io
@@ -162,7 +161,8 @@ def _save(out: Path, rows: dict[str, dict[str, Any]], target: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="lab-grade batch", description=__doc__.split("\n\n")[0])
+    # Usage errors exit with the grader-error code, as lab-grade's do.
+    p = grade_mod._Parser(prog="lab-grade batch", description=__doc__.split("\n\n")[0])  # noqa: SLF001
     p.add_argument("folder", help="one submission per student: NAME.py or NAME/ with --entry")
     p.add_argument("--target", default=None, help="target name or .toml (default: by hardware)")
     p.add_argument("--launcher", choices=targets_mod.LAUNCHERS, default=None)

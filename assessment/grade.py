@@ -351,6 +351,7 @@ class _Parser(argparse.ArgumentParser):
 def parser() -> argparse.ArgumentParser:
     p = _Parser(prog="lab-grade", description=__doc__.split("\n\n")[0],
                 epilog="Exit codes: 0 pass, 1 fail, 2 broken submission, 3 grader error. "
+                       "`lab-grade batch --help` grades a folder of submissions; "
                        "`lab-grade calibrate --help` proposes targets for this machine.")
     p.add_argument("submission", help="the training script (.py), or a folder with --entry")
     p.add_argument("--target", "--profile", dest="target", default=None,

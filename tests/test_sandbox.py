@@ -49,6 +49,17 @@ def _checkout() -> dict[str, str]:
     return integrity.snapshot(files, [REPO / "lab_utils", REPO / "assessment"])
 
 
+def _git_status() -> str | None:
+    """``git status`` of the code, the targets and the fixtures (None where the checkout
+    is not a git checkout; other folders may change under tests running beside)."""
+    if shutil.which("git") is None:
+        return None
+    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--",
+                           "lab_utils", "assessment", "tests/submissions"],
+                          cwd=REPO, capture_output=True, text=True)
+    return done.stdout if done.returncode == 0 else None
+
+
 def _processes_with(text: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
@@ -84,6 +95,7 @@ EXIT = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
 
 @pytest.mark.launcher
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 16 jobs: about 2 minutes on 2 idle cores, far more when shared
 def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture) -> None:
@@ -101,7 +113,7 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     marker = f"lab-grade-fixture-daemon-{uuid.uuid4().hex[:8]}"
     monkeypatch.setenv("FIXTURE_STOLEN_CHECKPOINT", str(stolen))
     monkeypatch.setenv("FIXTURE_DAEMON_MARKER", marker)
-    before = _checkout()
+    before, status_before = _checkout(), _git_status()
     rss_before = psutil.Process().memory_info().rss
     out = tmp_path / "grades"
 
@@ -115,6 +127,7 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     # Nothing left behind, nothing changed.
     assert _processes_with(marker) == [], "a daemon outlived its job"
     assert _checkout() == before, integrity.changed(before, _checkout())
+    assert _git_status() == status_before
     assert stolen.read_bytes() == (SUBMISSIONS / "fast.toml").read_bytes()
 
     reports = {s: json.loads((out / "reports" / f"{s}.json").read_text()) for s in CLASS}
