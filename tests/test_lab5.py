@@ -164,15 +164,29 @@ def test_batch_indices_depend_on_seed_worker_and_step_only():
     assert not torch.equal(a, tensordata.batch_indices(100, 8, seed=1, worker=0, step=4))
 
 
+HELP = """
+import contextlib, io, runpy, sys
+for path in sys.argv[1:]:
+    sys.argv = [path, "--help"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            assert exc.code in (0, None), (path, exc.code)
+    assert "usage:" in out.getvalue() and "--" in out.getvalue(), path
+    print(path, "ok")
+"""
+
+
 def test_scripts_have_help():
-    procs = {name: subprocess.Popen([sys.executable, str(SCRIPTS / name), "--help"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                    env=launch.job_env("python", QUICK, 1, 60))
-             for name in ("param_server.py", "hogwild.py", "easgd.py", "elastic_train.py")}
-    for name, p in procs.items():
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0, out
-        assert "usage:" in out and "--" in out, name
+    # One interpreter for all four (torch is imported once): each must print its usage.
+    scripts = [str(SCRIPTS / n) for n in ("param_server.py", "hogwild.py", "easgd.py",
+                                          "elastic_train.py")]
+    proc = subprocess.run([sys.executable, "-c", HELP, *scripts], capture_output=True, text=True,
+                          timeout=120, env=launch.job_env("python", QUICK, 1, 60))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(" ok") == 4, proc.stdout
 
 
 # ------------------------------------------------------------------ jobs
@@ -244,12 +258,6 @@ def test_killed_rank_resumes_to_the_uninterrupted_weights(tmp_path):
     starts = [m for m in killed.metrics if m["event"] == "elastic_start"]
     assert [(m["attempt"], m["step"]) for m in starts] == [(0, 0), (1, 20)]
     checks.check_resume_equal(b, a)
-    # Without --max-restarts a killed rank fails the job, within its timeout, leaving nothing.
-    failed = launch.run(SCRIPTS / "elastic_train.py",
-                        ["--steps", "30", "--n-train", "1000", "--n-test", "100", "--hidden", "32",
-                         "--ckpt-dir", str(tmp_path / "norestart"), "--kill-at", "5"],
-                        nprocs=2, timeout=120, echo=False, env=QUICK)
-    assert not failed.ok and not failed.timed_out
     assert processes_matching(str(SCRIPTS / "elastic_train.py")) == []
 
 
