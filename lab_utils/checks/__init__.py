@@ -8,6 +8,7 @@ Lab-specific checks live in ``lab_utils.checks.<lab>``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,36 @@ import numpy as np
 
 class CheckFailed(AssertionError):
     """A self-check did not hold; the message explains why."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One science claim: what was measured, against which threshold, whether it held,
+    and by how much (``margin`` in ``unit``: positive when it holds, the distance to
+    the threshold; negative when it fails)."""
+
+    name: str
+    measured: str
+    threshold: str
+    ok: bool
+    margin: float = float("nan")
+    unit: str = ""
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.ok else "FAIL"
+
+    def line(self) -> str:
+        """``PASS name: measured (needs threshold; margin +x unit)``."""
+        return (f"{self.verdict}  {self.name}: {self.measured} (needs {self.threshold}; "
+                f"margin {self.margin:+.3g} {self.unit})".rstrip())
+
+    def shown(self, asserted: bool) -> str:
+        """The claim's line, or where it was not asserted (a run too small to show it)
+        its numbers with "not asserted (quick)" instead of a verdict."""
+        if asserted:
+            return self.line()
+        return f"not asserted (quick)  {self.name}: {self.measured} (needs {self.threshold})"
 
 
 def _as_array(x: Any) -> np.ndarray:

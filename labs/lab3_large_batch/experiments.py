@@ -8,7 +8,7 @@ training images, test images and initial weights for a given seed, so the only
 difference between two runs is what the :class:`Run` says.
 
 The training set is cut so that every batch size used divides an epoch exactly (for
-example 57 344 = 7 × 8192); the images left over form the validation split that
+example 32 768 = 4 × 8192); the images left over form the validation split that
 chooses learning rates, and the test split is only used to report.
 """
 
@@ -29,7 +29,7 @@ from lab_utils.profile import Profile
 from lab_utils.profile import device as default_device
 from lab_utils.train import Trainer
 
-OPTIMIZERS = ("sgd", "lars", "lamb")
+OPTIMIZERS = ("sgd", "lars", "lamb", "larc", "novograd")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Setup:
     dataset: str = "fashion-mnist"
     arch: str = "mlp"
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    n_train: int = 57344
+    n_train: int = 32768
     n_val: int = 2656
     n_test: int | None = None
     epochs: int = 8
@@ -55,10 +55,12 @@ class Setup:
     naive_ratio: int = 16  # "large batch" = this × base_batch
     largest_ratio: int = 128  # the largest batch, where LARS/LAMB meet SGD
     warmup_epochs: float = 1.0
-    # the learning rates tried at the largest batch: four each, a factor 2 apart
-    lars_lrs: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
-    lamb_lrs: tuple[float, ...] = (0.01, 0.02, 0.04, 0.08)
-    sgd_lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  # × the sqrt-scaled base LR
+    # the learning rates tried at the largest batch: three each, a factor 2 apart
+    lars_lrs: tuple[float, ...] = (4.0, 8.0, 16.0)
+    lamb_lrs: tuple[float, ...] = (0.04, 0.08, 0.16)
+    larc_lrs: tuple[float, ...] = (0.2, 0.4, 0.8)  # LARC (clip): γ, the ceiling of every layer's rate
+    novograd_lrs: tuple[float, ...] = (0.005, 0.01, 0.02)
+    sgd_lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the sqrt-scaled base LR
 
     def milestones(self, epochs: int | None = None) -> list[int]:
         """The epochs at which the learning rate decays (or the batch grows)."""
@@ -76,7 +78,7 @@ def setup_for(profile: Profile) -> Setup:
     return profile.pick(
         quick=Setup(model_kwargs={"hidden": (64,)}, n_train=2048, n_val=512, n_test=1000,
                     epochs=2, base_batch=32, base_lr=0.02, largest_ratio=64),
-        cpu=Setup(model_kwargs={"hidden": (256, 128)}),
+        cpu=Setup(model_kwargs={"hidden": (256, 128)}, n_train=32768),
         gpu=Setup(dataset="cifar10", arch="resnet_cifar", model_kwargs={"width": 32},
                   n_train=49152, n_val=848, epochs=16, base_batch=128, base_lr=0.05,
                   weight_decay=5e-4, augment=True, largest_ratio=64),
@@ -95,7 +97,7 @@ class Run:
     decay: str | None = None  # default: the setup's
     grow_batch: bool = False  # grow the batch by 1/gamma at decay_at instead of decaying the LR
     ghost_batch: int | None = None
-    noise_scale: float = 0.0  # multiplicative gradient noise, σ² = scale · B / base_batch
+    noise_scale: float = 0.0  # per-sample noise z ~ N(1, σ²), σ² = scale · (B / base_batch − 1)
     epochs: int | None = None  # default: the setup's
     seed: int = 0
 
@@ -168,8 +170,9 @@ def build_model(setup: Setup, splits: Splits, seed: int, ghost_batch: int | None
 
 
 def make_optimizer(name: str, params, lr: float, setup: Setup) -> torch.optim.Optimizer:
-    """SGD with momentum, LARS (SGD-momentum base) or LAMB (Adam base); biases and
-    norm weights are left out of LARS/LAMB's adaptation and weight decay."""
+    """SGD with momentum, LARS and LARC (SGD-momentum base; LARC clips each layer's rate
+    at ``lr``), LAMB (Adam base) or NovoGrad (layer-wise second moments); biases and
+    norm weights are left out of the layer-wise adaptation and weight decay."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=setup.momentum,
                                weight_decay=setup.weight_decay)
@@ -179,6 +182,12 @@ def make_optimizer(name: str, params, lr: float, setup: Setup) -> torch.optim.Op
     if name == "lamb":
         return optim.LAMB(params, lr=lr, weight_decay=setup.weight_decay,
                           exclude_bias_and_norm=True)
+    if name == "larc":
+        return optim.LARC(params, lr=lr, momentum=setup.momentum, mode="clip",
+                          weight_decay=setup.weight_decay, exclude_bias_and_norm=True)
+    if name == "novograd":
+        return optim.NovoGrad(params, lr=lr, weight_decay=setup.weight_decay,
+                              exclude_bias_and_norm=True)
     raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
 
 
@@ -190,6 +199,10 @@ def lr_grid(setup: Setup, optimizer: str) -> list[float]:
         return list(setup.lars_lrs)
     if optimizer == "lamb":
         return list(setup.lamb_lrs)
+    if optimizer == "larc":
+        return list(setup.larc_lrs)
+    if optimizer == "novograd":
+        return list(setup.novograd_lrs)
     if optimizer == "sgd":
         batch = setup.largest_ratio * setup.base_batch
         sqrt = optim.scale_lr(setup.base_lr, setup.base_batch, batch, "sqrt")
@@ -249,21 +262,18 @@ def train(run: Run, setup: Setup, splits: Splits, *, progress: bool = False,
     recorder = optim.TrustRatioRecorder(trust_every) if trust_every else None
     if recorder is not None:
         callbacks.append(recorder)
-    noise = None
+    loss_fn = None
     if run.noise_scale:
         sigma = optim.noise_std(run.batch, setup.base_batch, run.noise_scale)
-        noise = optim.GradientNoise(model, sigma, seed=run.seed)
-    trainer = Trainer(model, opt, scheduler=scheduler, callbacks=callbacks, progress=progress,
-                      grad_accum_steps=accum, device=device)
+        loss_fn = optim.SampleNoiseLoss(sigma, seed=run.seed)
+    trainer = Trainer(model, opt, loss_fn=loss_fn, scheduler=scheduler, callbacks=callbacks,
+                      progress=progress, grad_accum_steps=accum, device=device)
     start = time.perf_counter()
     diverged = False
     try:
         trainer.fit(loader, epochs, val_loader=val)
     except FloatingPointError:
         diverged = True
-    finally:
-        if noise is not None:
-            noise.remove()
     seconds = time.perf_counter() - start
     test_acc = trainer.evaluate(test)["acc"]
     val_acc = trainer.evaluate(val)["acc"]  # a diverged model still gets measured
