@@ -305,3 +305,72 @@ def test_every_notebook_exercise_has_a_reference_and_a_check():
     assert keys == set(EXERCISES)
     for name in keys:
         assert callable(getattr(solution, name))
+
+
+# ------------------------------------------------ steps to a target (03_batch_size_cost)
+@pytest.fixture(scope="module")
+def steps_module():
+    """steps_to_target.py, imported from the lab folder."""
+    import sys
+    sys.path.insert(0, str(LAB))
+    try:
+        import steps_to_target
+        yield steps_to_target
+    finally:
+        sys.path.remove(str(LAB))
+
+
+def test_crossing_is_interpolated_between_checks(steps_module):
+    crossing = steps_module.crossing
+    # 0.70 at step 100, 0.90 at step 400: 0.80 is half-way in log(step), at 200
+    assert crossing([(1, 0.1), (100, 0.7), (400, 0.9)], 0.8) == pytest.approx(200)
+    assert crossing([(1, 0.1), (100, 0.7), (400, 0.9)], 0.9) == pytest.approx(400)
+    assert crossing([(5, 0.95)], 0.8) == 5  # reached at the first check
+    assert crossing([(1, 0.1), (10, 0.5)], 0.8) is None  # never reached
+
+
+def test_capped_batches_are_kept_out_of_the_fit(steps_module):
+    setup = steps_module.Setup(batches=(8, 16, 32, 64, 128, 256, 512), lr_smallest=0.003,
+                               lr_max=0.1)
+    assert setup.cap_batch == pytest.approx(266.67, abs=0.01)
+    assert [b for b in setup.batches if setup.capped(b)] == [512]
+    assert setup.lr(512) == 0.1 and setup.lr(256) == pytest.approx(0.096)
+    steps = {8: 1000, 16: 500, 32: 250, 64: 150, 128: 110, 256: 100, 512: 400}
+    m = steps_module.Measured(setup, {b: [s, s, s] for b, s in steps.items()})
+    assert m.fitted()[0] == [8, 16, 32, 64, 128, 256]  # 512's rise does not enter
+    small, large, half = m.slopes()
+    assert half == 3 and small == pytest.approx(-1.0)
+    claims = steps_module.claims(m)
+    assert all(c.ok for c in claims), [c.line() for c in claims]
+    # a curve that never bends fails the second claim; one that is too flat the first
+    straight = steps_module.Measured(setup, {b: [8000 / b] * 3 for b in setup.batches})
+    assert [c.ok for c in steps_module.claims(straight)] == [True, True, False]
+    flat = steps_module.Measured(setup, {b: [1000 * b ** -0.5] * 3 for b in setup.batches})
+    assert not steps_module.claims(flat)[1].ok
+    missing = steps_module.Measured(setup, {b: [None, None, 5] if b == 16 else [100] * 3
+                                            for b in setup.batches})
+    assert not steps_module.claims(missing)[0].ok
+
+
+@pytest.mark.science
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_steps_to_target_claim_holds_on_the_cpu_profile(steps_module, record_property):
+    """03_batch_size_cost's claim on the ``cpu`` profile (real Fashion-MNIST, fixed
+    seeds, one thread: deterministic), asserted, with each margin in the JUnit report.
+    Without the data it fails (it does not skip)."""
+    from lab_utils import profile
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        setup = steps_module.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
+        m = steps_module.measure(setup, torch.device("cpu"), progress=False)
+    finally:
+        torch.set_num_threads(before)
+    print(steps_module.report(m))
+    claims = steps_module.claims(m)
+    for c in claims:
+        record_property(c.name, f"{c.verdict}, margin {c.margin:+.3g} {c.unit}")
+        print(c.line())
+    assert len(claims) == 3
+    assert all(c.ok for c in claims), "\n".join(c.line() for c in claims)

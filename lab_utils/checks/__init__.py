@@ -30,6 +30,7 @@ class Claim:
     ok: bool
     margin: float = float("nan")
     unit: str = ""
+    exact: bool = False  # an identity (e.g. accumulation = one batch): asserted in every profile
 
     @property
     def verdict(self) -> str:
@@ -40,10 +41,18 @@ class Claim:
         return (f"{self.verdict}  {self.name}: {self.measured} (needs {self.threshold}; "
                 f"margin {self.margin:+.3g} {self.unit})".rstrip())
 
-    def shown(self, asserted: bool) -> str:
-        """The claim's line, or where it was not asserted (a run too small to show it)
-        its numbers with "not asserted (quick)" instead of a verdict."""
-        if asserted:
+    def asserted(self, profile_name: str) -> bool:
+        """Whether a run of this profile can show the claim: exact claims always; the
+        others not at ``quick``, whose tiny runs only show the code path."""
+        return self.exact or profile_name != "quick"
+
+    def result(self, profile_name: str) -> str:
+        """``PASS``/``FAIL``, or "not asserted (quick)" where the run cannot show it."""
+        return self.verdict if self.asserted(profile_name) else "not asserted (quick)"
+
+    def shown(self, profile_name: str) -> str:
+        """The claim's line, or (not asserted) its numbers with "not asserted (quick)"."""
+        if self.asserted(profile_name):
             return self.line()
         return f"not asserted (quick)  {self.name}: {self.measured} (needs {self.threshold})"
 

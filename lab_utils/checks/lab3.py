@@ -142,10 +142,15 @@ def claim_accumulation_exact(relative_error: float, micro_batches: int) -> Claim
     return Claim(f"gradient accumulation = one large batch (k={micro_batches})",
                  f"relative error {relative_error:.1e}", f"≤ {ACCUMULATION_TOL:.0e}",
                  relative_error <= ACCUMULATION_TOL,
-                 math.log10(ACCUMULATION_TOL / max(relative_error, 1e-300)), "decades")
+                 math.log10(ACCUMULATION_TOL / max(relative_error, 1e-300)), "decades",
+                 exact=True)
 
 
-def verify(claim: Claim, hint: str = "") -> None:
-    """Raise :class:`~lab_utils.checks.CheckFailed` unless ``claim`` held; print it."""
-    that(claim.ok, what=claim.name, detail=f"{claim.measured}; needs {claim.threshold}",
-         hint=hint)
+def verify(claim: Claim, hint: str = "", profile_name: str = "cpu") -> None:
+    """Raise :class:`~lab_utils.checks.CheckFailed` unless ``claim`` held; print it. At
+    ``quick`` a claim the tiny run cannot show is printed as "not asserted (quick)"."""
+    if not claim.asserted(profile_name):
+        print(claim.shown(profile_name))
+        return
+    that(claim.ok, what=claim.name, detail=f"{claim.measured}; needs {claim.threshold}; "
+         f"margin {claim.margin:+.3g} {claim.unit}", hint=hint)

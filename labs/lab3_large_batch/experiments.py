@@ -8,7 +8,7 @@ training images, test images and initial weights for a given seed, so the only
 difference between two runs is what the :class:`Run` says.
 
 The training set is cut so that every batch size used divides an epoch exactly (for
-example 32 768 = 4 × 8192); the images left over form the validation split that
+example 57 344 = 7 × 8192); the images left over form the validation split that
 chooses learning rates, and the test split is only used to report.
 """
 
@@ -39,7 +39,7 @@ class Setup:
     dataset: str = "fashion-mnist"
     arch: str = "mlp"
     model_kwargs: dict[str, Any] = field(default_factory=dict)
-    n_train: int = 32768
+    n_train: int = 57344
     n_val: int = 2656
     n_test: int | None = None
     epochs: int = 8
@@ -78,7 +78,7 @@ def setup_for(profile: Profile) -> Setup:
     return profile.pick(
         quick=Setup(model_kwargs={"hidden": (64,)}, n_train=2048, n_val=512, n_test=1000,
                     epochs=2, base_batch=32, base_lr=0.02, largest_ratio=64),
-        cpu=Setup(model_kwargs={"hidden": (256, 128)}, n_train=32768),
+        cpu=Setup(model_kwargs={"hidden": (256, 128)}),
         gpu=Setup(dataset="cifar10", arch="resnet_cifar", model_kwargs={"width": 32},
                   n_train=49152, n_val=848, epochs=16, base_batch=128, base_lr=0.05,
                   weight_decay=5e-4, augment=True, largest_ratio=64),
