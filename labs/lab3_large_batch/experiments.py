@@ -139,6 +139,13 @@ class Splits:
     image_shape: tuple[int, int, int]
     num_classes: int
 
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images as the model takes them: floats in [0, 1], then per channel
+        ``(x − mean) / std`` (what the TensorLoader does to every batch)."""
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (x.float() / 255 - mean) / std
+
 
 def load_splits(setup: Setup, seed: int = 0) -> Splits:
     """The setup's dataset cut into train / validation / test (one shuffle, by seed)."""

@@ -220,9 +220,7 @@ def measure_accumulation(setup: Setup, splits: Splits) -> dict[str, float]:
     n = min(len(splits.x_train) // batch, 4) * batch
     if setup.arch != "mlp":  # the claim is about a model without BatchNorm
         setup = replace(setup, arch="mlp", model_kwargs={"hidden": (256, 128)})
-    mean = torch.tensor(splits.mean).view(1, -1, 1, 1)
-    std = torch.tensor(splits.std).view(1, -1, 1, 1)
-    x = (splits.x_train[:n].float() / 255 - mean) / std
+    x = splits.normalise(splits.x_train[:n])
     return accumulation_errors(lambda: build_model(setup, splits, seed=0), x,
                                splits.y_train[:n], batch, micro)
 
