@@ -135,6 +135,20 @@ def test_claims_pass_and_fail_on_their_thresholds():
         check.verify(check.claim_scaling_recovers(0.88, 0.85, 16))
 
 
+def test_claim_margins_are_the_distance_to_the_threshold():
+    ok = check.claim_scaling_recovers(0.8879, 0.8821, 16)
+    assert ok.ok and ok.margin == pytest.approx(0.42) and ok.unit == "pts"
+    bad = check.claim_scaling_recovers(0.88, 0.865, 16)
+    assert not bad.ok and bad.margin == pytest.approx(-0.5)
+    assert check.claim_naive_gap(0.8879, 0.8310, 16).margin == pytest.approx(3.69)
+    assert check.claim_adaptive_beats_sgd(0.80, 0.81, 0.85, 128).margin == pytest.approx(5.0)
+    assert check.claim_growth_matches_decay(0.88, 1000, 0.875, 1000).margin < 0  # not fewer
+    exact = check.claim_accumulation_exact(1e-7, 16)
+    assert exact.margin == pytest.approx(1.0) and exact.asserted("quick")
+    assert not ok.asserted("quick") and ok.asserted("cpu")
+    assert ok.result("quick") == "not asserted (quick)" and bad.result("cpu") == "FAIL"
+
+
 # --------------------------------------------------------------- Trainer callbacks
 
 
