@@ -47,7 +47,7 @@ help:
 	@echo "make setup      system packages, .venv, PyTorch, lab_utils, Horovod (scripts/setup.sh)"
 	@echo "make grade      grade an assessment submission: make grade SUBMISSION=path/to/train.py"
 	@echo "make bench      run the performance harness (ARGS='...' passed to python -m benchmarks)"
-	@echo "make science    run the Lab 3 experiments behind its claims"
+	@echo "make science    run the Lab 1 and Lab 3 experiments behind their claims (make test asserts them too)"
 	@echo "make lint       ruff check"
 	@echo "make clean      remove caches and build outputs; make distclean also removes .venv and runs/"
 
@@ -86,6 +86,7 @@ bench: setup
 
 science: setup
 	$(PY) labs/lab3_large_batch/science.py $(ARGS)
+	$(PY) labs/lab1_optimisation/steps_to_target.py
 
 # Needs only ruff, so a missing .venv is made without building Horovod.
 lint:

@@ -65,8 +65,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", default="checkpoint.pt", help="final model {arch, kwargs, state_dict}")
-    p.add_argument("--resume", default=None, help="resume from a --save-every checkpoint")
-    p.add_argument("--save-every", default=None, help="resumable checkpoint path, written each epoch")
+    p.add_argument("--resume", default=None, help="resume from an --epoch-checkpoint file")
+    p.add_argument("--epoch-checkpoint", default=None, metavar="PATH",
+                   help="write a resumable checkpoint (model, optimiser, schedule, epoch, RNG) "
+                        "to PATH after every epoch")
     p.add_argument("--metrics", default=None, help="JSON-lines metrics file")
     p.add_argument("--eval-every-epoch", action="store_true",
                    help="also evaluate on the test set after every epoch (val_acc in the metrics)")
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     net = DDP(model) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,
-                      checkpoint_path=args.save_every,
+                      checkpoint_path=args.epoch_checkpoint,
                       loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
                       autocast_dtype=torch.bfloat16 if bf16 else None)
     if args.resume:

@@ -10,6 +10,11 @@ In a notebook::
 With ``LABS_SOLUTIONS=1`` (set by ``make test``) the decorator returns the reference
 from ``lab_utils/solutions/lab1.py``; otherwise it returns the student's function,
 and calling it before it is written raises :class:`ExerciseNotDone`.
+
+A skipped exercise also breaks the cells after it (a result never computed is a
+``NameError``; a stub's ``None`` an ``IndexError`` or ``TypeError``). In IPython those
+errors get the same "not done" message under their traceback while an exercise is
+pending, so the student sees the cause, not only the symptom.
 """
 
 from __future__ import annotations
@@ -22,9 +27,65 @@ from typing import TypeVar
 
 F = TypeVar("F", bound=Callable)
 
+# Exercises whose stub raised and has not run since: key -> function name.
+_pending: dict[str, str] = {}
+# Errors a skipped exercise causes in the cells that use its result.
+DOWNSTREAM_ERRORS = (NameError, IndexError, TypeError, AttributeError, ValueError, KeyError)
+
 
 class ExerciseNotDone(NotImplementedError):
     """Raised when an exercise stub is called before the student filled it in."""
+
+
+def how_to_continue(key: str, name: str) -> str:
+    """What to do about the exercise ``key`` (function ``name``) that is not done."""
+    return (f"Exercise '{key}' is not done yet: write `{name}` in its cell, run that cell "
+            "again, then the cells after it. Stuck? Run `%env LABS_SOLUTIONS=1` in a cell, "
+            "then re-run the exercise's cell: the reference solution replaces yours "
+            "(restarting the kernel does not change the server's environment; "
+            "`%env LABS_SOLUTIONS=0` and re-running switches back).")
+
+
+def downstream_hint(error: BaseException) -> str | None:
+    """The "not done" message for an error a skipped exercise may have caused, or None:
+    while an exercise is pending, or when a ``NameError`` names an exercise function
+    whose cell was never run."""
+    if not isinstance(error, DOWNSTREAM_ERRORS) or isinstance(error, ExerciseNotDone):
+        return None
+    if _pending:
+        return "\n".join(how_to_continue(k, n) for k, n in _pending.items())
+    name = getattr(error, "name", None)
+    if isinstance(error, NameError) and name:
+        for lab in ("lab1", "lab2", "lab3"):
+            try:
+                module = importlib.import_module(f"lab_utils.solutions.{lab}")
+            except ImportError:
+                continue
+            if callable(getattr(module, name, None)):
+                return (f"`{name}` is an exercise whose cell has not been run yet: run it "
+                        "(after writing it), then this cell. " + how_to_continue(f"{lab}.{name}",
+                                                                                  name))
+    return None
+
+
+def _show_with_hint(shell, etype, value, tb, tb_offset=None):
+    """IPython's custom exception handler: the usual traceback, then the hint."""
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+    hint = downstream_hint(value)
+    if hint:
+        print(f"\n⚠ This error may come from a skipped exercise. {hint}")
+
+
+def _install_notebook_hint() -> None:
+    """In IPython, show :func:`downstream_hint` under the errors a skipped exercise causes."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is not None and not getattr(shell, "_labs_exercise_hint", False):
+        shell.set_custom_exc(DOWNSTREAM_ERRORS, _show_with_hint)
+        shell._labs_exercise_hint = True
 
 
 def solutions_enabled() -> bool:
@@ -48,21 +109,22 @@ def exercise(key: str) -> Callable[[F], F]:
     """Mark a notebook function as the exercise ``key``; see the module docstring."""
 
     def wrap(student: F) -> F:
+        _install_notebook_hint()
+        _pending.pop(key, None)  # a new definition: pending again only if it raises
         if solutions_enabled():
             return reference(key)  # type: ignore[return-value]
 
         @functools.wraps(student)
         def checked(*args, **kwargs):
             try:
-                return student(*args, **kwargs)
+                result = student(*args, **kwargs)
             except ExerciseNotDone:
                 raise
             except NotImplementedError:
-                raise ExerciseNotDone(
-                    f"Exercise '{key}' is not done yet: write `{student.__name__}` in its cell, "
-                    "run that cell again, then this one. (Stuck? Set LABS_SOLUTIONS=1 and "
-                    "restart the kernel to use the reference solution.)"
-                ) from None
+                _pending[key] = student.__name__
+                raise ExerciseNotDone(how_to_continue(key, student.__name__)) from None
+            _pending.pop(key, None)
+            return result
 
         checked.exercise_key = key  # type: ignore[attr-defined]
         return checked  # type: ignore[return-value]

@@ -10,7 +10,10 @@
   Trainer callback);
 * ghost batch normalisation: :class:`GhostBatchNorm1d`, :class:`GhostBatchNorm2d`,
   :func:`ghost_batch_norm` (Hoffer et al. 2017);
-* multiplicative gradient noise with σ² ∝ B: :func:`noise_std`, :class:`GradientNoise`;
+* LARC (LARS with a clip, as in apex) and NovoGrad (layer-wise second moments,
+  Ginsburg et al. 2019): :class:`LARC`, :class:`NovoGrad`;
+* per-sample multiplicative gradient noise with σ² ∝ B (Hoffer et al. 2017):
+  :func:`noise_std`, :class:`SampleNoiseLoss`, :func:`weighted_mean_covariance`;
 * growing the batch instead of decaying the learning rate: :class:`BatchGrowth` and
   its Trainer callback :class:`GrowBatch` (Smith et al. 2017).
 """
@@ -288,6 +291,145 @@ class LAMB(Optimizer):
         return loss
 
 
+class LARC(Optimizer):
+    """Layer-wise Adaptive Rate Control: LARS with an optional clip (NVIDIA's LARC, as
+    in apex; the deck's ``min(γ, η‖w‖/‖g‖)``), on SGD with momentum.
+
+    For each tensor ``w`` with gradient ``g`` (the weight decay ``β`` moves into the
+    gradient, as apex does)::
+
+        local = η ‖w‖ / (‖g‖ + β‖w‖ + eps)           (skipped, = 1, if a norm is 0)
+        clip:  local = min(local / γ, 1)             (so γ·local = min(γ, η‖w‖/‖g‖…))
+        d = local · (g + β w)
+        v ← m · v + d ;  w ← w − γ · v                (torch.optim.SGD's momentum)
+
+    ``mode="scale"`` keeps ``γ · local`` unclipped: LARS's local rate. In clip mode
+    the global rate ``γ`` is a ceiling that the layer's own rate never exceeds, so a
+    layer whose ``η‖w‖/‖g‖`` is small moves slowly and the others move at ``γ``.
+    ``state[p]["trust_ratio"]`` keeps ``γ · local / γ = local`` for plotting.
+    """
+
+    MODES = ("clip", "scale")
+
+    def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.9,
+                 weight_decay: float = 0.0, trust_coefficient: float = 0.02,
+                 eps: float = 1e-8, mode: str = "clip",
+                 exclude_bias_and_norm: bool = False) -> None:
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
+            raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        trust_coefficient=trust_coefficient, eps=eps, mode=mode,
+                        exclude_bias_and_norm=exclude_bias_and_norm)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One LARC update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                if _is_excluded(p, group):
+                    d, local = g, torch.ones((), device=p.device)
+                else:
+                    w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
+                    local = _safe_ratio(group["trust_coefficient"] * w_norm, w_norm,
+                                        g_norm + wd * w_norm + group["eps"])
+                    if group["mode"] == "clip":
+                        local = torch.clamp(local / lr, max=1.0)
+                    ok = (w_norm > 0) & (g_norm > 0)  # apex leaves such a tensor's gradient as is
+                    local = torch.where(ok, local, torch.ones_like(local))
+                    d = torch.where(ok, g.add(p, alpha=wd) if wd else g, g) * local
+                state["trust_ratio"] = local
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = d.clone()
+                else:
+                    buf.mul_(group["momentum"]).add_(d)
+                p.sub_(buf, alpha=lr)
+        return loss
+
+
+class NovoGrad(Optimizer):
+    """NovoGrad: SGD with momentum on gradients normalised by layer-wise second moments
+    (Ginsburg et al. 2019, Algorithm 1).
+
+    For each tensor ("layer") ``w`` with gradient ``g`` at step ``t``; ``v`` is one
+    number per layer, not one per element as in Adam::
+
+        t = 1:  v = ‖g‖²                  m = g / √v + d·w
+        t > 1:  v ← β2 v + (1 − β2) ‖g‖²  m ← β1 m + (g / (√v + ε) + d·w)
+        w ← w − lr · m
+
+    with weight decay ``d``. ``grad_averaging=True`` multiplies the new term of ``m``
+    by ``1 − β1`` (a common variant; the paper's rule is the default). With
+    ``exclude_bias_and_norm=True`` 1-D tensors get no weight decay.
+    """
+
+    def __init__(self, params: Iterable, lr: float = 0.01,
+                 betas: tuple[float, float] = (0.95, 0.98), eps: float = 1e-8,
+                 weight_decay: float = 0.0, grad_averaging: bool = False,
+                 exclude_bias_and_norm: bool = False) -> None:
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        if eps < 0 or weight_decay < 0:
+            raise ValueError("eps and weight_decay must be >= 0")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        grad_averaging=grad_averaging,
+                        exclude_bias_and_norm=exclude_bias_and_norm)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One NovoGrad update of every parameter that has a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                sq = torch.linalg.vector_norm(g).square()
+                wd = 0.0 if _is_excluded(p, group) else group["weight_decay"]
+                if not state:
+                    state["step"] = 1
+                    state["v"] = sq.clone()
+                    u = g / torch.clamp(sq.sqrt(), min=torch.finfo(g.dtype).tiny)
+                    if wd:
+                        u = u.add(p, alpha=wd)
+                    state["m"] = u
+                else:
+                    state["step"] += 1
+                    state["v"].mul_(beta2).add_(sq, alpha=1 - beta2)
+                    u = g / (state["v"].sqrt() + group["eps"])
+                    if wd:
+                        u = u.add(p, alpha=wd)
+                    if group["grad_averaging"]:
+                        u = u * (1 - beta1)
+                    state["m"].mul_(beta1).add_(u)
+                p.sub_(state["m"], alpha=group["lr"])
+        return loss
+
+
 def trust_ratios(model: nn.Module, optimizer: Optimizer) -> dict[str, float]:
     """The last trust ratio of each of ``model``'s parameters, by parameter name.
 
@@ -403,34 +545,42 @@ def ghost_batch_norm(model: nn.Module, ghost_batch_size: int) -> nn.Module:
 # ---------------------------------------------------------------------------
 
 
-def noise_std(batch: int, base_batch: int, scale: float) -> float:
-    """σ of multiplicative gradient noise with ``σ² ∝ B``: ``σ² = scale · B / base_batch``.
+def noise_std(batch: int, small_batch: int, scale: float = 1.0) -> float:
+    """σ of the per-sample multiplicative noise that gives a batch of ``batch`` the
+    gradient covariance of a batch of ``small_batch`` (Hoffer et al. 2017, section 5).
 
-    A large batch averages away the sampling noise of small ones; multiplying each
-    gradient element by ``1 + σ·ε`` puts back a noise whose variance grows with the
-    batch (Hoffer et al. 2017, section 5).
+    With per-sample gradients of covariance Σ, the mean of ``batch`` of them weighted by
+    ``z_n ~ N(1, σ²)`` has covariance ``((1 + σ²) Σ + σ² ḡḡᵀ) / batch``; equal to a small
+    batch's ``Σ / small_batch`` (up to the ḡḡᵀ term, small while the noise dominates the
+    mean gradient) when ``σ² = batch / small_batch − 1``, which grows like the batch.
+    ``scale`` multiplies σ² (1: the small batch's covariance; 0: no noise).
     """
-    if batch <= 0 or base_batch <= 0 or scale < 0:
-        raise ValueError("batch and base_batch must be positive and scale >= 0")
-    return math.sqrt(scale * batch / base_batch)
+    if batch <= 0 or small_batch <= 0 or scale < 0:
+        raise ValueError("batch and small_batch must be positive and scale >= 0")
+    if batch < small_batch:
+        raise ValueError(f"batch {batch} < small_batch {small_batch}: nothing to put back")
+    return math.sqrt(scale * (batch / small_batch - 1))
 
 
-class GradientNoise:
-    """Multiply every gradient of ``model`` by ``1 + σ·ε`` (ε ~ N(0, 1), element-wise).
+class SampleNoiseLoss:
+    """A loss that multiplies **each sample's** loss by ``z_n ~ N(1, σ²)`` before the
+    mean: its gradient is ``(1/M) Σ z_n ∇ℓ_n``, each sample's gradient scaled by its own
+    ``z_n`` (Hoffer et al. 2017's multiplicative noise). Pass it as the Trainer's
+    ``loss_fn``. The noise is drawn only where gradients are computed
+    (``torch.is_grad_enabled()``), so evaluation sees the plain mean loss.
 
-    Implemented with tensor hooks, so it works with any training loop: the noise is
-    applied as each gradient is computed in ``backward()``. Call :meth:`remove` (or
-    use it as a context manager) to stop. ``seed`` makes the noise reproducible.
+    ``loss_fn(logits, y, reduction="none")`` gives the per-sample losses (default:
+    cross-entropy); ``seed`` makes the noise reproducible.
     """
 
-    def __init__(self, model: nn.Module, sigma: float, seed: int | None = None) -> None:
+    def __init__(self, sigma: float, loss_fn: Callable[..., torch.Tensor] | None = None,
+                 seed: int | None = None) -> None:
         if sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
         self.sigma = sigma
-        self._generators: dict[torch.device, torch.Generator] = {}
+        self.loss_fn = loss_fn or F.cross_entropy
         self._seed = seed
-        self._handles = [p.register_hook(self._noisy) for p in model.parameters()
-                         if p.requires_grad]
+        self._generators: dict[torch.device, torch.Generator] = {}
 
     def _generator(self, device: torch.device) -> torch.Generator | None:
         if self._seed is None:
@@ -439,24 +589,37 @@ class GradientNoise:
             self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
         return self._generators[device]
 
-    def _noisy(self, grad: torch.Tensor) -> torch.Tensor:
-        if self.sigma == 0:
-            return grad
-        eps = torch.randn(grad.shape, generator=self._generator(grad.device),
-                          device=grad.device, dtype=grad.dtype)
-        return grad * (1 + self.sigma * eps)
+    def weights(self, n: int, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """``n`` draws of ``z ~ N(1, σ²)``."""
+        device = torch.device(device)
+        eps = torch.randn(n, generator=self._generator(device), device=device, dtype=dtype)
+        return 1 + self.sigma * eps
 
-    def remove(self) -> None:
-        """Stop adding noise."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+    def __call__(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        per_sample = self.loss_fn(logits, y, reduction="none")
+        if self.sigma == 0 or not torch.is_grad_enabled():
+            return per_sample.mean()
+        z = self.weights(per_sample.shape[0], per_sample.device, per_sample.dtype)
+        return (z * per_sample).mean()
 
-    def __enter__(self) -> GradientNoise:
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.remove()
+def weighted_mean_covariance(grads: torch.Tensor, batch: int, sigma: float, draws: int,
+                             seed: int = 0, chunk: int = 256) -> torch.Tensor:
+    """Monte-Carlo covariance of ``(1/B) Σ z_n g_n`` over batches of ``batch`` per-sample
+    gradients drawn with replacement from the rows of ``grads`` (N × d) and
+    ``z_n ~ N(1, σ²)``: what :class:`SampleNoiseLoss` does to the gradient, measured."""
+    if grads.ndim != 2 or batch <= 0 or draws < 2:
+        raise ValueError("grads must be N × d, batch > 0 and draws >= 2")
+    gen = torch.Generator().manual_seed(seed)
+    g = grads.double()
+    means = []
+    for start in range(0, draws, chunk):
+        r = min(chunk, draws - start)
+        idx = torch.randint(len(g), (r, batch), generator=gen)
+        z = 1 + sigma * torch.randn(r, batch, generator=gen, dtype=torch.float64)
+        means.append((z.unsqueeze(-1) * g[idx]).mean(1))
+    return torch.cov(torch.cat(means).T).reshape(g.shape[1], g.shape[1])
 
 
 # ---------------------------------------------------------------------------

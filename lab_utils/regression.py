@@ -5,7 +5,7 @@ The model is ``ŷ = X w + b`` and the loss the mean squared error
 always the *last* entry of ``θ``. The notebooks write the key pieces (the normal
 equations, the gradient, the descent loop) themselves; this module is the tested
 version the tests and later labs reuse, plus the helpers that are plumbing rather
-than the lesson (loss grids for contour plots, variance measurement).
+than the lesson (loss grids for contour plots, losses along a path, log-log slopes).
 """
 
 from __future__ import annotations
@@ -136,32 +136,6 @@ def gd_path(X: np.ndarray, y: np.ndarray, theta0: Sequence[float], lr: float | S
     return path
 
 
-def sgd_path(X: np.ndarray, y: np.ndarray, theta0: Sequence[float], lr: float | Schedule,
-             batch_size: int, epochs: int, seed: int = 0) -> np.ndarray:
-    """Mini-batch SGD: each epoch reshuffles and walks the data in batches of ``batch_size``
-    (the last batch may be smaller). Returns every iterate,
-    shape ``(epochs · ceil(n / batch_size) + 1, d + 1)``; ``lr`` may be a schedule
-    ``step -> lr``."""
-    X, y = _check_xy(X, y)
-    n = len(y)
-    if not 1 <= batch_size <= n:
-        raise ValueError(f"batch_size must be between 1 and n={n}, got {batch_size}")
-    theta = _check_theta(theta0, X.shape[1]).copy()
-    lr_at = _schedule(lr)
-    rng = np.random.default_rng(seed)
-    path = [theta.copy()]
-    step = 0
-    with np.errstate(over="ignore", invalid="ignore"):
-        for _ in range(epochs):
-            order = rng.permutation(n)
-            for start in range(0, n, batch_size):
-                idx = order[start:start + batch_size]
-                theta = theta - lr_at(step) * mse_gradient(X[idx], y[idx], theta)
-                path.append(theta.copy())
-                step += 1
-    return np.array(path)
-
-
 def updates_per_epoch(n: int, batch_size: int) -> int:
     """Number of parameter updates in one pass over ``n`` samples."""
     return -(-n // batch_size)
@@ -192,26 +166,6 @@ def loss_grid(x: np.ndarray, y: np.ndarray, w_values: np.ndarray,
                              np.mean(y * y))
     L = W ** 2 * sxx + B ** 2 + syy + 2 * W * B * sx - 2 * W * sxy - 2 * B * sy
     return W, B, L
-
-
-def minibatch_gradient_variance(X: np.ndarray, y: np.ndarray, theta: np.ndarray,
-                                batch_sizes: Sequence[int], draws: int = 200,
-                                seed: int = 0) -> np.ndarray:
-    """E‖g_B − ∇L‖² for each batch size B, estimated from ``draws`` random mini-batches
-    drawn without replacement. For B ≪ n it falls like 1/B."""
-    X, y = _check_xy(X, y)
-    theta = _check_theta(theta, X.shape[1])
-    n = len(y)
-    rng = np.random.default_rng(seed)
-    full = mse_gradient(X, y, theta)
-    out = []
-    for B in batch_sizes:
-        if not 1 <= B <= n:
-            raise ValueError(f"batch size {B} is outside 1..{n}")
-        sq = [np.sum((mse_gradient(X[idx], y[idx], theta) - full) ** 2)
-              for idx in (rng.choice(n, size=B, replace=False) for _ in range(draws))]
-        out.append(float(np.mean(sq)))
-    return np.array(out)
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:

@@ -153,7 +153,6 @@ class Trainer:
         metrics_path: JSON-lines file that rank 0 appends one record per epoch to.
         checkpoint_path: where rank 0 saves a resumable checkpoint after every epoch.
         grad_accum_steps: micro-batches per optimiser step (DDP syncs only the last).
-        clip_grad_norm: clip the global gradient norm to this value.
         autocast_dtype: e.g. ``torch.bfloat16`` for mixed precision.
         sync_every: steps between the checks that all ranks agree on (budget, stop
             requests, NaN); each costs one tiny all-reduce.
@@ -165,7 +164,6 @@ class Trainer:
                  callbacks: Sequence[Callback] = (), max_seconds: float | None = None,
                  progress: bool | None = None, metrics_path: str | Path | None = None,
                  checkpoint_path: str | Path | None = None, grad_accum_steps: int = 1,
-                 clip_grad_norm: float | None = None,
                  autocast_dtype: torch.dtype | None = None, sync_every: int = 25) -> None:
         if grad_accum_steps < 1:
             raise ValueError("grad_accum_steps must be >= 1")
@@ -186,7 +184,6 @@ class Trainer:
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.grad_accum_steps = grad_accum_steps
-        self.clip_grad_norm = clip_grad_norm
         self.autocast_dtype = autocast_dtype
         self.sync_every = max(1, sync_every)
         self.history = History()
@@ -295,17 +292,7 @@ class Trainer:
                 "lr": step_lrs[-1] if step_lrs else self.optimizer.param_groups[0]["lr"]}
 
     def _optimizer_step(self) -> None:
-        if self.clip_grad_norm is not None:
-            if hasattr(self.optimizer, "synchronize"):  # Horovod: reduce before clipping
-                self.optimizer.synchronize()
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-                with self.optimizer.skip_synchronize():
-                    self.optimizer.step()
-            else:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip_grad_norm)
-                self.optimizer.step()
-        else:
-            self.optimizer.step()
+        self.optimizer.step()
         self.optimizer.zero_grad()  # Horovod's wrapper takes no arguments
         if self.scheduler is not None:
             self.scheduler.step()

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from lab_utils import checks
-from lab_utils.exercises import ExerciseNotDone, exercise, reference
+from lab_utils.exercises import ExerciseNotDone, downstream_hint, exercise, reference
 
 
 def test_unfinished_exercise_says_what_to_do(monkeypatch):
@@ -12,8 +12,28 @@ def test_unfinished_exercise_says_what_to_do(monkeypatch):
     def todo(x):
         raise NotImplementedError
 
-    with pytest.raises(ExerciseNotDone, match="lab1.anything.*not done yet"):
+    with pytest.raises(ExerciseNotDone, match="lab1.anything.*not done yet") as err:
         todo(1)
+    assert "%env LABS_SOLUTIONS=1" in str(err.value)  # works from inside JupyterLab
+    # the cells after it fail with the symptom; the hint names the cause
+    hint = downstream_hint(NameError("name 'theta_ne' is not defined", name="theta_ne"))
+    assert hint is not None and "lab1.anything" in hint
+    assert downstream_hint(IndexError("too many indices")) is not None
+
+    @exercise("lab1.anything")
+    def done(x):
+        return x
+
+    assert done(1) == 1  # written: nothing pending, no hint for an unrelated error
+    assert downstream_hint(IndexError("too many indices")) is None
+
+
+def test_a_never_run_exercise_cell_is_named(monkeypatch):
+    monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
+    hint = downstream_hint(NameError("name 'normal_equations' is not defined",
+                                     name="normal_equations"))
+    assert hint is not None and "has not been run" in hint and "lab1.normal_equations" in hint
+    assert downstream_hint(NameError("name 'xyz' is not defined", name="xyz")) is None
 
 
 def test_student_solution_is_used_without_the_switch(monkeypatch):

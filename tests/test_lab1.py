@@ -68,9 +68,9 @@ def test_loss_grid_and_path_losses_match_mse(line):
 
 def test_full_batch_sgd_is_gradient_descent(line):
     x, y = line
-    np.testing.assert_allclose(regression.sgd_path(x, y, [0, 0], 0.05, len(x), 4),
+    np.testing.assert_allclose(solution.minibatch_sgd(x, y, [0, 0], 0.05, len(x), 4),
                                regression.gd_path(x, y, [0, 0], 0.05, 4))
-    path = regression.sgd_path(x, y, [0, 0], 0.01, 64, 2)
+    path = solution.minibatch_sgd(x, y, [0, 0], 0.01, 64, 2)
     assert path.shape == (2 * regression.updates_per_epoch(200, 64) + 1, 2)
 
 
@@ -90,7 +90,6 @@ def test_loglog_slope_recovers_a_power_law():
     (lambda: regression.mse_gradient(np.ones((3, 2, 2)), np.ones(3), [0, 0, 0]), "1-D or 2-D"),
     (lambda: regression.mse_gradient(np.ones(3), np.ones(4), [0, 0]), "3 rows but y has 4"),
     (lambda: regression.mse_gradient(np.ones(3), np.ones(3), [0, 0, 0]), "weights and a bias"),
-    (lambda: regression.sgd_path(np.ones(3), np.ones(3), [0, 0], 0.1, 0, 1), "batch_size"),
     (lambda: regression.gd_path(np.ones(3), np.ones(3), [0, 0], -0.1, 1), "positive"),
     (lambda: regression.loss_grid(np.ones((3, 2)), np.ones(3), [0], [0]), "single-feature"),
 ])
@@ -226,7 +225,11 @@ def test_autograd_equals_the_hand_derived_gradients(line):
 def test_minibatch_gradient_variance_falls_like_one_over_b():
     x, y = regression.line_data(512, seed=0)
     batches = [1, 2, 4, 8, 16, 32, 64]
-    variances = regression.minibatch_gradient_variance(x, y, np.zeros(2), batches, draws=200)
+    rng = np.random.default_rng(0)
+    full = regression.mse_gradient(x, y, np.zeros(2))
+    variances = [np.mean([np.sum((regression.mse_gradient(x[i], y[i], np.zeros(2)) - full) ** 2)
+                          for i in (rng.choice(len(y), size=b, replace=False) for _ in range(200))])
+                 for b in batches]
     slope = check.variance_falls_like_inverse_batch(batches, variances)
     assert -1.25 <= slope <= -0.75
     with pytest.raises(CheckFailed, match="decreases"):
@@ -250,7 +253,7 @@ def test_learning_rate_decay_converges_where_a_constant_rate_bounces():
     best = regression.lstsq(x, y)
 
     def tail_distance(lr):
-        path = regression.sgd_path(x, y, [-1, 3], lr, 4, 20, seed=0)
+        path = solution.minibatch_sgd(x, y, [-1, 3], lr, 4, 20, seed=0)
         d = np.linalg.norm(path - best, axis=1)
         return d[-len(d) // 10:].mean()
 
@@ -305,3 +308,71 @@ def test_every_notebook_exercise_has_a_reference_and_a_check():
     assert keys == set(EXERCISES)
     for name in keys:
         assert callable(getattr(solution, name))
+
+
+# ------------------------------------------------ steps to a target (03_batch_size_cost)
+@pytest.fixture(scope="module")
+def steps_module():
+    """steps_to_target.py, imported from the lab folder."""
+    import sys
+    sys.path.insert(0, str(LAB))
+    try:
+        import steps_to_target
+        yield steps_to_target
+    finally:
+        sys.path.remove(str(LAB))
+
+
+def test_crossing_is_interpolated_between_checks(steps_module):
+    crossing = steps_module.crossing
+    # 0.70 at step 100, 0.90 at step 400: 0.80 is half-way in log(step), at 200
+    assert crossing([(1, 0.1), (100, 0.7), (400, 0.9)], 0.8) == pytest.approx(200)
+    assert crossing([(1, 0.1), (100, 0.7), (400, 0.9)], 0.9) == pytest.approx(400)
+    assert crossing([(5, 0.95)], 0.8) == 5  # reached at the first check
+    assert crossing([(1, 0.1), (10, 0.5)], 0.8) is None  # never reached
+
+
+def test_capped_batches_are_kept_out_of_the_fit(steps_module):
+    setup = steps_module.Setup(batches=(8, 16, 32, 64, 128, 256, 512), lr_smallest=0.003,
+                               lr_max=0.1)
+    assert setup.cap_batch == pytest.approx(266.67, abs=0.01)
+    assert [b for b in setup.batches if setup.capped(b)] == [512]
+    assert setup.lr(512) == 0.1 and setup.lr(256) == pytest.approx(0.096)
+    steps = {8: 1000, 16: 500, 32: 250, 64: 150, 128: 110, 256: 100, 512: 400}
+    m = steps_module.Measured(setup, {b: [s, s, s] for b, s in steps.items()})
+    assert m.fitted()[0] == [8, 16, 32, 64, 128, 256]  # 512's rise does not enter
+    small, large, half = m.slopes()
+    assert half == 3 and small == pytest.approx(-1.0)
+    claims = steps_module.claims(m)
+    assert all(c.ok for c in claims), [c.line() for c in claims]
+    # a curve that never bends fails the second claim; one that is too flat the first
+    straight = steps_module.Measured(setup, {b: [8000 / b] * 3 for b in setup.batches})
+    assert [c.ok for c in steps_module.claims(straight)] == [True, True, False]
+    flat = steps_module.Measured(setup, {b: [1000 * b ** -0.5] * 3 for b in setup.batches})
+    assert not steps_module.claims(flat)[1].ok
+    missing = steps_module.Measured(setup, {b: [None, None, 5] if b == 16 else [100] * 3
+                                            for b in setup.batches})
+    assert not steps_module.claims(missing)[0].ok
+
+
+@pytest.mark.science
+@pytest.mark.slow
+@pytest.mark.timeout(3600)  # minutes of CPU; far longer on cores shared with other jobs
+def test_steps_to_target_claim_holds_on_the_cpu_profile(steps_module):
+    """03_batch_size_cost's claim on the ``cpu`` profile (real Fashion-MNIST, fixed
+    seeds, one thread: deterministic), asserted; each claim prints its margin
+    (``pytest -rP`` shows it). Without the data it fails (it does not skip)."""
+    from lab_utils import profile
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        setup = steps_module.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
+        m = steps_module.measure(setup, torch.device("cpu"), progress=False)
+    finally:
+        torch.set_num_threads(before)
+    print(steps_module.report(m))
+    claims = steps_module.claims(m)
+    for c in claims:
+        print(c.line())
+    assert len(claims) == 3
+    assert all(c.ok for c in claims), "\n".join(c.line() for c in claims)

@@ -8,6 +8,7 @@ Lab-specific checks live in ``lab_utils.checks.<lab>``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,45 @@ import numpy as np
 
 class CheckFailed(AssertionError):
     """A self-check did not hold; the message explains why."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One science claim: what was measured, against which threshold, whether it held,
+    and by how much (``margin`` in ``unit``: positive when it holds, the distance to
+    the threshold; negative when it fails)."""
+
+    name: str
+    measured: str
+    threshold: str
+    ok: bool
+    margin: float = float("nan")
+    unit: str = ""
+    exact: bool = False  # an identity (e.g. accumulation = one batch): asserted in every profile
+
+    @property
+    def verdict(self) -> str:
+        return "PASS" if self.ok else "FAIL"
+
+    def line(self) -> str:
+        """``PASS name: measured (needs threshold; margin +x unit)``."""
+        return (f"{self.verdict}  {self.name}: {self.measured} (needs {self.threshold}; "
+                f"margin {self.margin:+.3g} {self.unit})".rstrip())
+
+    def asserted(self, profile_name: str) -> bool:
+        """Whether a run of this profile can show the claim: exact claims always; the
+        others not at ``quick``, whose tiny runs only show the code path."""
+        return self.exact or profile_name != "quick"
+
+    def result(self, profile_name: str) -> str:
+        """``PASS``/``FAIL``, or "not asserted (quick)" where the run cannot show it."""
+        return self.verdict if self.asserted(profile_name) else "not asserted (quick)"
+
+    def shown(self, profile_name: str) -> str:
+        """The claim's line, or (not asserted) its numbers with "not asserted (quick)"."""
+        if self.asserted(profile_name):
+            return self.line()
+        return f"not asserted (quick)  {self.name}: {self.measured} (needs {self.threshold})"
 
 
 def _as_array(x: Any) -> np.ndarray:

@@ -269,8 +269,9 @@ def optimiser_race(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     ``runs`` maps a label to ``{"path", "losses", "updates_per_epoch", "seconds"}``; the
     time axis spreads each run's measured wall-clock time evenly over its updates.
     """
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
-    ax_path, ax_upd, ax_epoch, ax_sec = axes
+    # a 2 × 2 grid: four panels in a row are unreadable at a notebook's normal width
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    ax_path, ax_upd, ax_epoch, ax_sec = axes.flat
     loss_contour(W, B, L, {k: np.asarray(r["path"]) for k, r in runs.items()}, optimum=optimum,
                  ax=ax_path, markers=False)
     for label, run in runs.items():

@@ -9,6 +9,7 @@ from typing import Any
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from lab_utils import optim
 
@@ -40,9 +41,10 @@ def schedules(factors: Mapping[str, Callable[[int], float]], steps: int,
                                  strict=False):
         ax.plot(x, [f(int(s)) for s in x], style, label=label, lw=2)
     ax.set_xlabel("optimiser step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_ylabel("LR factor")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot, off the warm-up ramp
     return ax
 
 
@@ -75,6 +77,7 @@ def loss_per_step(results: Sequence[Any], *, x: str = "samples", smooth: int = 1
             xs = xs * r.run.batch
         ax.plot(xs, y, label=r.run.label + (" (diverged)" if r.diverged else ""))
     ax.set_xlabel("training samples seen" if x == "samples" else "optimiser step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("training loss")
     if logy:
         ax.set_yscale("log")
@@ -127,6 +130,7 @@ def accuracy_per_epoch(results: Sequence[Any], *, key: str = "val_acc", title: s
         ax.plot(ep, [100 * row[key] for row in r.epochs if key in row], marker="o",
                 label=r.run.label)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation accuracy (%)" if key == "val_acc" else key)
     if title:
         ax.set_title(title)
@@ -145,6 +149,7 @@ def accuracy_vs_updates(results: Sequence[Any], *, title: str = "",
         ax.plot([row["step"] for row in rows], [100 * row["val_acc"] for row in rows],
                 marker="o", label=f"{r.run.label} ({r.updates} updates)")
     ax.set_xlabel("optimiser updates")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation accuracy (%)")
     if title:
         ax.set_title(title)
@@ -170,6 +175,7 @@ def trust_ratios(records: Sequence[Mapping[str, float]], *, title: str = "",
         ax.plot(steps, y, label=name)
     ax.set_yscale("log")
     ax.set_xlabel("optimiser step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("trust ratio")
     ax.set_title(title or "Per-layer trust ratio")
     ax.grid(True, which="both", alpha=0.3)
@@ -218,6 +224,7 @@ def batch_growth(growth: optim.BatchGrowth, base_lr: float, epochs: int, gamma: 
     ax_b.set_yscale("log", base=2)
     for ax in (ax_lr, ax_b):
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle("Same noise scale lr·N/B, two ways: shrink lr or grow B")

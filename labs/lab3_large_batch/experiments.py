@@ -29,7 +29,7 @@ from lab_utils.profile import Profile
 from lab_utils.profile import device as default_device
 from lab_utils.train import Trainer
 
-OPTIMIZERS = ("sgd", "lars", "lamb")
+OPTIMIZERS = ("sgd", "lars", "lamb", "larc", "novograd")
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,12 @@ class Setup:
     naive_ratio: int = 16  # "large batch" = this × base_batch
     largest_ratio: int = 128  # the largest batch, where LARS/LAMB meet SGD
     warmup_epochs: float = 1.0
-    # the learning rates tried at the largest batch: four each, a factor 2 apart
-    lars_lrs: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0)
-    lamb_lrs: tuple[float, ...] = (0.01, 0.02, 0.04, 0.08)
-    sgd_lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0)  # × the sqrt-scaled base LR
+    # the learning rates tried at the largest batch: three each, a factor 2 apart
+    lars_lrs: tuple[float, ...] = (4.0, 8.0, 16.0)
+    lamb_lrs: tuple[float, ...] = (0.04, 0.08, 0.16)
+    larc_lrs: tuple[float, ...] = (0.2, 0.4, 0.8)  # LARC (clip): γ, the ceiling of every layer's rate
+    novograd_lrs: tuple[float, ...] = (0.005, 0.01, 0.02)
+    sgd_lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the sqrt-scaled base LR
 
     def milestones(self, epochs: int | None = None) -> list[int]:
         """The epochs at which the learning rate decays (or the batch grows)."""
@@ -74,8 +76,9 @@ def setup_for(profile: Profile) -> Setup:
     is CIFAR-10 with the ResNet-style net.
     """
     return profile.pick(
-        quick=Setup(model_kwargs={"hidden": (64,)}, n_train=2048, n_val=512, n_test=1000,
-                    epochs=2, base_batch=32, base_lr=0.02, largest_ratio=64),
+        # quick: the largest batch (×16 = 512) still makes 16 updates, so curves are curves
+        quick=Setup(model_kwargs={"hidden": (64,)}, n_train=4096, n_val=512, n_test=1000,
+                    epochs=2, base_batch=32, base_lr=0.02, largest_ratio=16),
         cpu=Setup(model_kwargs={"hidden": (256, 128)}),
         gpu=Setup(dataset="cifar10", arch="resnet_cifar", model_kwargs={"width": 32},
                   n_train=49152, n_val=848, epochs=16, base_batch=128, base_lr=0.05,
@@ -95,7 +98,7 @@ class Run:
     decay: str | None = None  # default: the setup's
     grow_batch: bool = False  # grow the batch by 1/gamma at decay_at instead of decaying the LR
     ghost_batch: int | None = None
-    noise_scale: float = 0.0  # multiplicative gradient noise, σ² = scale · B / base_batch
+    noise_scale: float = 0.0  # per-sample noise z ~ N(1, σ²), σ² = scale · (B / base_batch − 1)
     epochs: int | None = None  # default: the setup's
     seed: int = 0
 
@@ -136,6 +139,13 @@ class Splits:
     image_shape: tuple[int, int, int]
     num_classes: int
 
+    def normalise(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 images as the model takes them: floats in [0, 1], then per channel
+        ``(x − mean) / std`` (what the TensorLoader does to every batch)."""
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        return (x.float() / 255 - mean) / std
+
 
 def load_splits(setup: Setup, seed: int = 0) -> Splits:
     """The setup's dataset cut into train / validation / test (one shuffle, by seed)."""
@@ -168,8 +178,9 @@ def build_model(setup: Setup, splits: Splits, seed: int, ghost_batch: int | None
 
 
 def make_optimizer(name: str, params, lr: float, setup: Setup) -> torch.optim.Optimizer:
-    """SGD with momentum, LARS (SGD-momentum base) or LAMB (Adam base); biases and
-    norm weights are left out of LARS/LAMB's adaptation and weight decay."""
+    """SGD with momentum, LARS and LARC (SGD-momentum base; LARC clips each layer's rate
+    at ``lr``), LAMB (Adam base) or NovoGrad (layer-wise second moments); biases and
+    norm weights are left out of the layer-wise adaptation and weight decay."""
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=setup.momentum,
                                weight_decay=setup.weight_decay)
@@ -179,6 +190,12 @@ def make_optimizer(name: str, params, lr: float, setup: Setup) -> torch.optim.Op
     if name == "lamb":
         return optim.LAMB(params, lr=lr, weight_decay=setup.weight_decay,
                           exclude_bias_and_norm=True)
+    if name == "larc":
+        return optim.LARC(params, lr=lr, momentum=setup.momentum, mode="clip",
+                          weight_decay=setup.weight_decay, exclude_bias_and_norm=True)
+    if name == "novograd":
+        return optim.NovoGrad(params, lr=lr, weight_decay=setup.weight_decay,
+                              exclude_bias_and_norm=True)
     raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
 
 
@@ -190,6 +207,10 @@ def lr_grid(setup: Setup, optimizer: str) -> list[float]:
         return list(setup.lars_lrs)
     if optimizer == "lamb":
         return list(setup.lamb_lrs)
+    if optimizer == "larc":
+        return list(setup.larc_lrs)
+    if optimizer == "novograd":
+        return list(setup.novograd_lrs)
     if optimizer == "sgd":
         batch = setup.largest_ratio * setup.base_batch
         sqrt = optim.scale_lr(setup.base_lr, setup.base_batch, batch, "sqrt")
@@ -249,21 +270,18 @@ def train(run: Run, setup: Setup, splits: Splits, *, progress: bool = False,
     recorder = optim.TrustRatioRecorder(trust_every) if trust_every else None
     if recorder is not None:
         callbacks.append(recorder)
-    noise = None
+    loss_fn = None
     if run.noise_scale:
         sigma = optim.noise_std(run.batch, setup.base_batch, run.noise_scale)
-        noise = optim.GradientNoise(model, sigma, seed=run.seed)
-    trainer = Trainer(model, opt, scheduler=scheduler, callbacks=callbacks, progress=progress,
-                      grad_accum_steps=accum, device=device)
+        loss_fn = optim.SampleNoiseLoss(sigma, seed=run.seed)
+    trainer = Trainer(model, opt, loss_fn=loss_fn, scheduler=scheduler, callbacks=callbacks,
+                      progress=progress, grad_accum_steps=accum, device=device)
     start = time.perf_counter()
     diverged = False
     try:
         trainer.fit(loader, epochs, val_loader=val)
     except FloatingPointError:
         diverged = True
-    finally:
-        if noise is not None:
-            noise.remove()
     seconds = time.perf_counter() - start
     test_acc = trainer.evaluate(test)["acc"]
     val_acc = trainer.evaluate(val)["acc"]  # a diverged model still gets measured

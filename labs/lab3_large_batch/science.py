@@ -4,16 +4,18 @@
 
 Trains every configuration the claims need (on the ``cpu`` profile: Fashion-MNIST,
 an MLP, 8 epochs, batches from 64 to 8192), with each seed, and prints the runs and a
-table of claims with PASS/FAIL. The exit status is 1 if a claim fails on the ``cpu``
-or ``gpu`` profile; ``quick`` only checks that the code runs (its tiny runs cannot
-show the claims, so they are printed but not asserted).
+table of claims with PASS/FAIL and margins. The exit status is 1 if a claim fails on
+the ``cpu`` or ``gpu`` profile; ``quick`` only checks that the code runs (its tiny runs
+cannot show the claims, so they print "not asserted (quick)"; the exact accumulation
+claim is asserted everywhere). ``tests/test_lab3.py`` asserts the claims on the ``cpu``
+profile in ``make test``.
 
 The claims and their fixed thresholds (``lab_utils.checks.lab3``):
 
 1. a naive large batch (×16, same epochs, base learning rate) loses ≥ 2 points;
 2. linear scaling + warm-up at that batch is within 1 point of the baseline;
 3. at the largest batch, LARS or LAMB beats SGD with the same epochs and schedule
-   (each optimiser's learning rate picked from four on the validation split);
+   (each optimiser's learning rate picked from three on the validation split);
 4. growing the batch (×4 at 50 % and 75 % of training) is within 1 point of decaying
    the learning rate (÷4 at the same epochs), with fewer updates;
 5. accumulating k micro-batches gives the gradient of one batch of k·b to ~1e-6.
@@ -72,9 +74,12 @@ class Plan:
     growth: Run
     grid: dict[str, list[Run]]  # optimiser -> the same run at several learning rates
 
-    def runs(self) -> list[Run]:
-        fixed = [self.baseline, self.naive, self.scaled, self.sqrt_scaled, self.no_warmup,
-                 self.decay, self.growth]
+    def runs(self, claims_only: bool = False) -> list[Run]:
+        """Every run, or (``claims_only``) only those the claims compare: the square-root
+        and no-warm-up runs are for the table."""
+        fixed = [self.baseline, self.naive, self.scaled, self.decay, self.growth]
+        if not claims_only:
+            fixed[3:3] = [self.sqrt_scaled, self.no_warmup]
         return fixed + [r for runs in self.grid.values() for r in runs]
 
 
@@ -143,7 +148,8 @@ def _train_seed(runs: Sequence[Run], setup: Setup, splits: Splits | None, seed: 
 
 
 def run_plan(plan: Plan, setup: Setup, splits: Splits, seeds: Sequence[int],
-             progress: bool = True, jobs: int = 1) -> dict[Run, Summary]:
+             progress: bool = True, jobs: int = 1,
+             claims_only: bool = False) -> dict[Run, Summary]:
     """Train every run of ``plan`` with every seed; the summaries are keyed by the
     seed-0 form of each run.
 
@@ -154,7 +160,7 @@ def run_plan(plan: Plan, setup: Setup, splits: Splits, seeds: Sequence[int],
     """
     from tqdm.auto import tqdm
 
-    runs = plan.runs()
+    runs = plan.runs(claims_only)
     seeds = list(seeds)
     jobs = max(1, min(jobs, len(seeds)))
     bar = tqdm(total=len(runs) * len(seeds), desc="lab 3 science", unit="run",
@@ -214,9 +220,7 @@ def measure_accumulation(setup: Setup, splits: Splits) -> dict[str, float]:
     n = min(len(splits.x_train) // batch, 4) * batch
     if setup.arch != "mlp":  # the claim is about a model without BatchNorm
         setup = replace(setup, arch="mlp", model_kwargs={"hidden": (256, 128)})
-    mean = torch.tensor(splits.mean).view(1, -1, 1, 1)
-    std = torch.tensor(splits.std).view(1, -1, 1, 1)
-    x = (splits.x_train[:n].float() / 255 - mean) / std
+    x = splits.normalise(splits.x_train[:n])
     return accumulation_errors(lambda: build_model(setup, splits, seed=0), x,
                                splits.y_train[:n], batch, micro)
 
@@ -250,12 +254,17 @@ def runs_table(summaries: dict[Run, Summary], chosen: set[Run]) -> str:
     return "\n".join(lines)
 
 
-def claims_table(claims: Sequence[checks.Claim]) -> str:
-    """The claims with their measured numbers, thresholds and PASS/FAIL."""
+def claims_table(claims: Sequence[checks.Claim], profile_name: str = "cpu") -> str:
+    """The claims with their measured numbers, thresholds, PASS/FAIL and margin; where
+    the profile's runs are too small to show one, "not asserted (quick)" instead."""
     w = max(len(c.name) for c in claims)
     m = max(len(c.measured) for c in claims)
     lines = [f"{'claim':{w}s}  {'measured':{m}s}  {'needs':28s}  result"]
-    lines += [f"{c.name:{w}s}  {c.measured:{m}s}  {c.threshold:28s}  {c.verdict}" for c in claims]
+    for c in claims:
+        result = c.result(profile_name)
+        if c.asserted(profile_name):
+            result += f" (margin {c.margin:+.2g} {c.unit})"
+        lines.append(f"{c.name:{w}s}  {c.measured:{m}s}  {c.threshold:28s}  {result}")
     return "\n".join(lines)
 
 
@@ -269,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="seeds trained at once, in separate processes (default: one per core)")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--claims-only", action="store_true",
+                   help="skip the runs shown only in the table (square-root scaling, no warm-up)")
     args = p.parse_args(argv)
 
     P = profile.current(args.profile or os.environ.get("LABS_PROFILE") or "cpu")
@@ -280,7 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     splits = load_splits(setup)
     plan = make_plan(setup)
     jobs = args.jobs or (os.cpu_count() or 1)
-    summaries = run_plan(plan, setup, splits, seeds, progress=not args.no_progress, jobs=jobs)
+    summaries = run_plan(plan, setup, splits, seeds, progress=not args.no_progress, jobs=jobs,
+                         claims_only=args.claims_only)
     accumulation = measure_accumulation(setup, splits)
     claims = evaluate_claims(plan, summaries, setup, accumulation)
     chosen = {best_by_validation([summaries[r] for r in runs]).run for runs in plan.grid.values()}
@@ -293,11 +305,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  accumulation: gradient error {accumulation['grad']:.1e}, weights after one "
           f"epoch {accumulation['weights']:.1e} (relative to how far they moved)")
     print()
-    print(claims_table(claims))
+    print(claims_table(claims, P.name))
     workers = min(jobs, len(seeds))
     how = (f"{workers} processes × {max(1, (os.cpu_count() or 1) // workers)} thread(s)"
            if workers > 1 else f"{P.threads} thread(s)")
-    print(f"\n{sum(c.ok for c in claims)}/{len(claims)} claims hold; {elapsed / 60:.1f} min on "
+    judged = [c for c in claims if c.asserted(P.name)]
+    held = f"{sum(c.ok for c in judged)}/{len(judged)} asserted claims hold"
+    print(f"\n{held}; {elapsed / 60:.1f} min on "
           f"{os.cpu_count()} cores ({platform.machine()}), {how}, {date.today().isoformat()}")
 
     if args.json:
@@ -310,13 +324,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": [{"label": r.label, "batch": r.batch, "lr": r.lr, "updates": sm.updates,
                       "test": sm.test, "val": sm.val, "seconds": sm.seconds,
                       "diverged": sm.diverged} for r, sm in summaries.items()],
-            "claims": [asdict(c) | {"verdict": c.verdict} for c in claims],
+            "claims": [asdict(c) | {"verdict": c.result(P.name)} for c in claims],
         }, indent=2))
     if P.name == "quick":
-        print("quick profile: the runs are too small to show the claims; they are not "
-              "asserted (use LABS_PROFILE=cpu)")
-        return 0
-    return 0 if all(c.ok for c in claims) else 1
+        print("quick profile: the runs are too small to show the claims; only the exact one "
+              "is asserted (use LABS_PROFILE=cpu)")
+    return 0 if all(c.ok for c in judged) else 1
 
 
 if __name__ == "__main__":
