@@ -49,22 +49,35 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
             "optimizer": optimizer_bytes(optimizer) if optimizer is not None else 0}
 
 
-def activation_bytes(fn: Callable[[], torch.Tensor]) -> int:
-    """Bytes of the tensors autograd saves for backward while ``fn`` runs (each
-    stored tensor counted once)."""
-    seen: set = set()
-    total = [0]
+class SavedTensorCounter:
+    """Bytes autograd saves for backward inside ``with counter.hooks():``; each
+    stored tensor counted once, and tensors that are the ``exclude`` parameters
+    themselves (a matmul saves its weight) not at all: those are not activations."""
 
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape)
-        if key not in seen:
-            seen.add(key)
-            total[0] += t.numel() * t.element_size()
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
+        self.skip = {t.untyped_storage().data_ptr() for t in exclude}
+        self.seen: set = set()
+        self.bytes = 0
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        key = (ptr, t.storage_offset(), tuple(t.shape))
+        if ptr not in self.skip and key not in self.seen:
+            self.seen.add(key)
+            self.bytes += t.numel() * t.element_size()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+
+def activation_bytes(fn: Callable[[], torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:
+    """Bytes of the activations autograd saves for backward while ``fn`` runs
+    (pass ``model.parameters()`` as ``exclude`` so saved weights do not count)."""
+    counter = SavedTensorCounter(exclude)
+    with counter.hooks():
         fn()
-    return total[0]
+    return counter.bytes
 
 
 def zero_bytes_per_rank(psi: int, n: int, stage: int, k: int = 8,

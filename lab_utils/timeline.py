@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from . import memory
+
 
 @dataclass
 class Event:
@@ -76,27 +78,20 @@ class TimedStage(nn.Module):
                                  time.time(), -saved))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mb, start, saved, seen = self._fwd, time.time(), [0], set()
+        mb, start = self._fwd, time.time()
         self._fwd += 1
-
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape)
-            if key not in seen:  # a tensor saved by two ops is held once
-                seen.add(key)
-                saved[0] += t.numel() * t.element_size()
-            return t
-
+        counter = memory.SavedTensorCounter(self.layers.parameters())
         marked = False
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with counter.hooks():
             for layer in self.layers:
                 if not marked and x.is_floating_point():
-                    x = _Mark.apply(x, self._anchor, lambda: self._backward_ended(mb, saved[0]))
+                    x = _Mark.apply(x, self._anchor, lambda: self._backward_ended(mb, counter.bytes))
                     marked = True
                 x = layer(x)
         if not marked:
-            x = _Mark.apply(x, self._anchor, lambda: self._backward_ended(mb, saved[0]))
+            x = _Mark.apply(x, self._anchor, lambda: self._backward_ended(mb, counter.bytes))
         x = _Mark.apply(x, self._anchor, lambda: self._backward_started(mb))
-        self.events.append(Event(self.rank, "F", mb, start, time.time(), saved[0]))
+        self.events.append(Event(self.rank, "F", mb, start, time.time(), counter.bytes))
         return x
 
 
