@@ -83,6 +83,6 @@ def relative_error(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor])
     cannot change a softmax) and their own relative error is only rounding noise."""
     if set(a) != set(b):
         raise KeyError(f"different names: {sorted(set(a) ^ set(b))[:5]}")
-    diff = sum(float((a[k].double() - b[k].double()).pow(2).sum()) for k in b)
-    ref = sum(float(b[k].double().pow(2).sum()) for k in b)
+    diff = sum(float((a[k].detach().double() - b[k].detach().double()).pow(2).sum()) for k in b)
+    ref = sum(float(b[k].detach().double().pow(2).sum()) for k in b)
     return (diff / max(ref, 1e-300)) ** 0.5
