@@ -22,6 +22,9 @@ BENCHMARKS: dict[str, str] = {
     "allreduce": "allreduce",
     "notebooks": "notebooks",
     "grading": "grading",
+    "pipeline": "lab4_pipeline",
+    "sharding": "lab4_sharding",
+    "tp": "lab4_tp",
 }
 
 

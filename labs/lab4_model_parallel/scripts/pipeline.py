@@ -27,8 +27,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--schedules", nargs="+", choices=sorted(SCHEDULES), default=["gpipe", "1f1b"])
     p.add_argument("--microbatches", nargs="+", type=int, default=[1, 2, 4, 8],
                    help="micro-batch counts m to measure (each must divide --batch-size)")
-    p.add_argument("--repeats", type=int, default=2, help="timed steps per (schedule, m); the "
-                   "least disturbed one (shortest) is kept")
+    p.add_argument("--repeats", type=int, default=2, help="timed steps per (schedule, m) after a "
+                   "warm-up; the least disturbed one (shortest) is kept")
     p.add_argument("--crash-stage", type=int, default=-1,
                    help="make this stage raise during its first timed step (a failure drill)")
     return p.parse_args(argv)
@@ -41,6 +41,8 @@ def main() -> None:
                      f"{args.layers}-layer model: use at most {args.layers} processes or more --layers")
     bad = [m for m in args.microbatches if m < 1 or args.batch_size % m]
     parallel.require(not bad, f"--batch-size {args.batch_size} cannot be cut into {bad} micro-batches")
+    parallel.require(args.repeats >= 1, "--repeats must be at least 1 (the first step of a "
+                     "schedule also infers shapes, so it is never the one measured)")
     info = dist.init()
     rank, device = info.rank, info.device
 
@@ -100,7 +102,7 @@ def main() -> None:
                     tdist.all_gather_object(gathered, events)
                 all_events = [e for ev in gathered for e in ev]
                 step_s = dist.average(step_s) if info.distributed else step_s
-                if (r > 0 or args.repeats == 0) and (best is None or step_s < best[0]):
+                if r > 0 and (best is None or step_s < best[0]):
                     best = (step_s, all_events)
             grads = parallel.gather_on_rank0({n: q.grad for n, q in owned.items()})
             step_s, all_events = best
