@@ -63,6 +63,7 @@ class TimedStage(nn.Module):
         # A leaf that requires grad, so the marks' backward runs even when the
         # stage's input does not (stage 0 takes integer ids).
         self._anchor = torch.zeros((), requires_grad=True)
+        self._cuda = False
         self.reset()
 
     def reset(self) -> None:
@@ -70,15 +71,22 @@ class TimedStage(nn.Module):
         self._fwd = 0
         self._bwd_start: dict[int, float] = {}
 
+    def _now(self) -> float:
+        # GPU kernels run asynchronously: wait for them, or the clock shows launch times.
+        if self._cuda:
+            torch.cuda.synchronize()
+        return time.time()
+
     def _backward_started(self, mb: int) -> None:
-        self._bwd_start[mb] = time.time()
+        self._bwd_start[mb] = self._now()
 
     def _backward_ended(self, mb: int, saved: int) -> None:
-        self.events.append(Event(self.rank, "B", mb, self._bwd_start.pop(mb, time.time()),
-                                 time.time(), -saved))
+        end = self._now()
+        self.events.append(Event(self.rank, "B", mb, self._bwd_start.pop(mb, end), end, -saved))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mb, start = self._fwd, time.time()
+        self._cuda = x.is_cuda
+        mb, start = self._fwd, self._now()
         self._fwd += 1
         counter = memory.SavedTensorCounter(self.layers.parameters())
         marked = False
@@ -91,7 +99,7 @@ class TimedStage(nn.Module):
         if not marked:
             x = _Mark.apply(x, self._anchor, lambda: self._backward_ended(mb, counter.bytes))
         x = _Mark.apply(x, self._anchor, lambda: self._backward_started(mb))
-        self.events.append(Event(self.rank, "F", mb, start, time.time(), counter.bytes))
+        self.events.append(Event(self.rank, "F", mb, start, self._now(), counter.bytes))
         return x
 
 
