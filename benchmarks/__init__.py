@@ -25,6 +25,9 @@ BENCHMARKS: dict[str, str] = {
     "lab5_ps": "lab5_ps",
     "lab5_hogwild": "lab5_hogwild",
     "lab5_failure": "lab5_failure",
+    "pipeline": "lab4_pipeline",
+    "sharding": "lab4_sharding",
+    "tp": "lab4_tp",
 }
 
 

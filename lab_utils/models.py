@@ -5,7 +5,8 @@ can be rebuilt anywhere: by the Trainer, by a script under torchrun, by the grad
     models.save("run/model.pt", model, epoch=3)
     same = models.load("run/model.pt")        # torch.load(weights_only=True) + build
 
-Every model takes float images ``(N, C, H, W)`` and returns logits ``(N, num_classes)``.
+Every image model takes float images ``(N, C, H, W)`` and returns logits ``(N, num_classes)``;
+``char_transformer`` (Lab 4) takes character ids ``(N, T)`` and returns ``(N, T, vocab)``.
 Register your own with ``@models.register("name")`` on a class or a function whose
 keyword arguments are plain values (numbers, strings, booleans, tuples).
 """
@@ -361,3 +362,112 @@ class ResNetCIFAR(nn.Module):
             raise ValueError(f"resnet_cifar expects images (N, {self.in_channels}, H>=8, W>=8), "
                              f"got {tuple(x.shape)}")
         return self.classifier(self.features(x)) * self.logit_scale
+
+
+# --------------------------------------------------------------------------- Lab 4
+class TokenEmbedding(nn.Module):
+    """Character ids ``(N, T)`` → token + learned position embeddings ``(N, T, d)``."""
+
+    def __init__(self, vocab: int, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.dim() != 2 or idx.dtype != torch.long or idx.shape[1] > self.pos.num_embeddings:
+            raise ValueError(f"char_transformer expects int64 ids (N, T<={self.pos.num_embeddings}), "
+                             f"got {tuple(idx.shape)} {idx.dtype}")
+        return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+
+
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention with separate ``q``, ``k``, ``v`` and ``proj``
+    layers, so tensor parallelism can split q/k/v by columns (heads) and ``proj`` by
+    rows. The head count is read from the local width (``-1``), so a rank holding
+    half the columns simply runs half the heads."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
+        self.head_dim = d_model // n_heads
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, _ = x.shape
+
+        def heads(z: torch.Tensor) -> torch.Tensor:
+            return z.view(n, t, -1, self.head_dim).transpose(1, 2)
+
+        y = nn.functional.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)),
+                                                       heads(self.v(x)), is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(n, t, -1))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(ln1(x))``, then ``x + mlp(ln2(x))``;
+    the MLP is ``fc1`` (d → 4d), GELU, ``fc2`` (4d → d)."""
+
+    def __init__(self, d_model: int, n_heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, n_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential()
+        self.mlp.add_module("fc1", nn.Linear(d_model, 4 * d_model))
+        self.mlp.add_module("act", nn.GELU())
+        self.mlp.add_module("fc2", nn.Linear(4 * d_model, d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class LMHead(nn.Module):
+    """Final LayerNorm and the projection to character logits."""
+
+    def __init__(self, d_model: int, vocab: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, vocab)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+@register("char_transformer")
+class CharTransformer(nn.Module):
+    """A small decoder-only (GPT-style) transformer over characters.
+
+    ``layers`` is the flat list ``[embed, block 0, ..., block L-1, head]`` so that a
+    pipeline can cut it into contiguous stages (:meth:`stage_layers`).
+    """
+
+    def __init__(self, vocab: int = 96, d_model: int = 128, n_heads: int = 4,
+                 n_layers: int = 4, max_len: int = 256) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(TokenEmbedding(vocab, d_model, max_len),
+                                    *[Block(d_model, n_heads) for _ in range(n_layers)],
+                                    LMHead(d_model, vocab))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.layers(idx)
+
+    def stage_layers(self, stage: int, n_stages: int) -> list[int]:
+        """Indices into ``layers`` of pipeline stage ``stage``: the blocks are split as
+        evenly as possible; the embedding joins the first stage, the head the last."""
+        n_blocks = len(self.layers) - 2
+        if not 0 < n_stages <= n_blocks:
+            raise ValueError(f"cannot cut {n_blocks} blocks into {n_stages} pipeline stages")
+        if not 0 <= stage < n_stages:
+            raise ValueError(f"stage {stage} is not in 0..{n_stages - 1}")
+        bounds = [round(i * n_blocks / n_stages) for i in range(n_stages + 1)]
+        idx = list(range(1 + bounds[stage], 1 + bounds[stage + 1]))
+        if stage == 0:
+            idx = [0, *idx]
+        if stage == n_stages - 1:
+            idx = [*idx, len(self.layers) - 1]
+        return idx

@@ -1,0 +1,170 @@
+"""Self-checks for Lab 4: the memory formula, the column/row and head splits, and
+the claims the notebooks measure (bubble, equal gradients and weights, sharded
+memory). Each raises :class:`~lab_utils.checks.CheckFailed` when it does not hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch.nn import functional as F
+
+from lab_utils import memory, timeline
+from lab_utils.checks import close, fail, passed, that
+from lab_utils.solutions import lab4 as reference
+
+
+# --------------------------------------------------------------------- exercises
+def check_training_state_bytes(fn: Callable) -> None:
+    """The student's formula against the reference on every optimizer and precision."""
+    for n_params in (1, 1000, 175_000_000_000):
+        for opt in ("momentum", "adam"):
+            for mixed in (False, True):
+                got, want = fn(n_params, opt, mixed), reference.training_state_bytes(n_params, opt, mixed)
+                if not isinstance(got, Mapping) or set(got) != set(want):
+                    fail("training_state_bytes", f"returned {got!r}",
+                         "return a dict with keys 'params', 'grads', 'optimizer'")
+                for key in want:
+                    if got[key] != want[key]:
+                        per = got[key] / n_params
+                        fail("training_state_bytes",
+                             f"{opt}, mixed_precision={mixed}: {key} = {per:g} bytes per parameter, "
+                             f"expected {want[key] / n_params:g}",
+                             "fp32 = 4 bytes, fp16 = 2; momentum is one buffer, Adam two; mixed "
+                             "precision keeps an fp32 master copy of the weights in the optimizer")
+    passed("training_state_bytes: momentum and Adam, fp32 and mixed precision")
+
+
+def _mlp_case(seed: int, d: int = 8, hidden: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 5, d, generator=g)
+    w1, b1 = torch.randn(hidden, d, generator=g), torch.randn(hidden, generator=g)
+    w2, b2 = torch.randn(d, hidden, generator=g), torch.randn(d, generator=g)
+    return x, w1, b1, w2, b2
+
+
+def check_mlp_column_row_shard(fn: Callable) -> float:
+    """Σ_r partial_r + b2 equals the unsplit MLP, outputs and gradients, for n = 1, 2, 4."""
+    worst = 0.0
+    for n in (1, 2, 4):
+        x, w1, b1, w2, b2 = _mlp_case(n)
+        params = [t.requires_grad_() for t in (w1, b1, w2)]
+        full = F.gelu(x @ w1.T + b1) @ w2.T + b2
+        (full ** 2).sum().backward()
+        want = [p.grad.clone() for p in params]
+        for p in params:
+            p.grad = None
+        parts = [fn(x, w1, b1, w2, r, n) for r in range(n)]
+        if any(not isinstance(p, torch.Tensor) or p.shape != full.shape for p in parts):
+            fail("mlp_column_row_shard", f"partial outputs have shapes "
+                 f"{[tuple(getattr(p, 'shape', ())) for p in parts]}, expected {tuple(full.shape)}",
+                 "each rank returns a full-width (…, d) partial sum")
+        out = torch.stack(parts).sum(0) + b2  # what the all-reduce computes
+        worst = max(worst, close(out.detach(), full.detach(), what=f"column→row split, n={n}: outputs",
+                                 rtol=1e-5, hint="rank r takes rows r·h/n…(r+1)·h/n of W1 and b1 "
+                                 "and the same columns of W2"))
+        (out ** 2).sum().backward()
+        for name, p, w in zip(("W1", "b1", "W2"), params, want):
+            if p.grad is None:
+                fail("mlp_column_row_shard", f"no gradient reaches {name}",
+                     "compute with the tensors you were given (slices keep the graph)")
+            worst = max(worst, close(p.grad, w, what=f"column→row split, n={n}: gradient of {name}",
+                                     rtol=1e-5))
+    return worst
+
+
+def _attention(x, wq, bq, wk, bk, wv, bv, wo, n_heads):  # noqa: ANN001, ANN202
+    return reference.attention_heads_shard(x, wq, bq, wk, bk, wv, bv, wo, n_heads, 0, 1)
+
+
+def check_attention_heads_shard(fn: Callable) -> float:
+    """Σ_r partial_r equals full attention (outputs and gradients) for n = 1, 2, 4."""
+    worst = 0.0
+    n_heads, d = 4, 16
+    for n in (1, 2, 4):
+        g = torch.Generator().manual_seed(10 + n)
+        x = torch.randn(2, 6, d, generator=g)
+        ws = [torch.randn(d, d, generator=g) / d ** 0.5 if i % 2 == 0 or i == 6
+              else torch.randn(d, generator=g) for i in range(7)]
+        ws = [w.requires_grad_() for w in ws]
+        full = _attention(x, *ws, n_heads)
+        (full ** 2).sum().backward()
+        want = [w.grad.clone() for w in ws]
+        for w in ws:
+            w.grad = None
+        parts = [fn(x, *ws, n_heads, r, n) for r in range(n)]
+        if any(not isinstance(p, torch.Tensor) or p.shape != full.shape for p in parts):
+            fail("attention_heads_shard", f"partial outputs have shapes "
+                 f"{[tuple(getattr(p, 'shape', ())) for p in parts]}, expected {tuple(full.shape)}")
+        out = torch.stack(parts).sum(0)
+        worst = max(worst, close(out.detach(), full.detach(), what=f"heads split, n={n}: outputs",
+                                 rtol=1e-5, hint="rank r owns heads r·H/n…(r+1)·H/n: those rows of "
+                                 "Wq, Wk, Wv (and biases) and those columns of Wo"))
+        (out ** 2).sum().backward()
+        for name, w, ref in zip(("Wq", "bq", "Wk", "bk", "Wv", "bv", "Wo"), ws, want):
+            if w.grad is None:
+                fail("attention_heads_shard", f"no gradient reaches {name}")
+            if name == "bk":  # zero in exact arithmetic: a key bias cannot change a softmax
+                continue
+            worst = max(worst, close(w.grad, ref, what=f"heads split, n={n}: gradient of {name}",
+                                     rtol=1e-4, atol=1e-5))
+    return worst
+
+
+# ------------------------------------------------------------------ measurements
+def check_state_matches_formula(measured: Mapping[str, float], formula: Mapping[str, float], *,
+                                what: str, rtol: float = 0.0) -> None:
+    """Measured bytes per kind equal the formula (exactly, or within ``rtol``)."""
+    for key, want in formula.items():
+        got = measured[key]
+        if abs(got - want) > rtol * want + 0.5:
+            fail(what, f"{key}: measured {got:,.0f} bytes, formula says {want:,.0f}",
+                 "count every tensor of that kind on this rank; sharded tensors only their shard")
+    passed(what, ", ".join(f"{k} {measured[k] / 2**20:.2f} MiB" for k in formula))
+
+
+def check_bubble(measured: Mapping[int, float], p: int, *, tol: float, asserted: bool = True,
+                 what: str = "measured bubble ≈ (p−1)/(m+p−1)", reason: str = "quick") -> dict[int, float]:
+    """Each measured bubble fraction within ``tol`` of the formula. With
+    ``asserted=False`` (the quick profile on a shared machine, or more stages than
+    cores) it prints the gaps and says why it did not assert them."""
+    gaps = {m: measured[m] - timeline.ideal_bubble(p, m) for m in sorted(measured)}
+    detail = ", ".join(f"m={m}: {measured[m]:.2f} vs {timeline.ideal_bubble(p, m):.2f}" for m in gaps)
+    if not asserted:
+        print(f"· {what}: {detail} — not asserted ({reason})")
+        return gaps
+    that(all(abs(g) <= tol for g in gaps.values()), what=what + f" within ±{tol}", detail=detail,
+         hint="on a busy machine timing is noisy; the micro-batches must be large enough that "
+              "compute, not messaging, fills the timeline")
+    return gaps
+
+
+def check_in_flight(in_flight: Mapping[str, Mapping[int, int]], p: int, m: int) -> None:
+    """GPipe holds all m micro-batches on every stage; 1F1B at most p − rank."""
+    for rank in range(p):
+        g, f = in_flight["gpipe"][rank], in_flight["1f1b"][rank]
+        if g != m or f > min(m, p - rank):
+            fail("peak in-flight micro-batches", f"rank {rank}: GPipe {g} (expected {m}), "
+                 f"1F1B {f} (expected ≤ {min(m, p - rank)})")
+    passed("peak in-flight micro-batches: GPipe m on every stage, 1F1B ≤ p − rank",
+           f"GPipe {[in_flight['gpipe'][r] for r in range(p)]}, 1F1B {[in_flight['1f1b'][r] for r in range(p)]}")
+
+
+def check_equal(err: float, *, what: str, tol: float = 1e-5) -> float:
+    """A relative error (split vs unsplit) at float32 rounding level."""
+    that(err <= tol, what=what, detail=f"relative error {err:.1e} (tolerance {tol:.0e})",
+         hint="the split computes something else than the unsplit model")
+    return err
+
+
+def check_sharded_memory(per_rank: Mapping[str, float], psi: int, n: int, stage: int, k: int, *,
+                         what: str, slack: float = 0.10) -> None:
+    """Per-rank bytes of a ZeRO stage ≤ (1 + slack) × the formula, and ≥ (1 − slack) ×."""
+    want = memory.zero_bytes_per_rank(psi, n, stage, k)
+    for key, w in want.items():
+        got = per_rank[key]
+        if not (1 - slack) * w <= got <= (1 + slack) * w:
+            fail(what, f"{key}: {got:,.0f} bytes per rank, formula {w:,.0f} (±{slack:.0%})",
+                 "ZeRO-1 shards the optimizer state, ZeRO-2 also gradients, ZeRO-3/FSDP all three")
+    passed(what, ", ".join(f"{k} {per_rank[k] / want[k]:.2f}× formula" for k in want))

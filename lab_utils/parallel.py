@@ -1,0 +1,88 @@
+"""Plumbing shared by Lab 4's model-parallel scripts: their common options, the
+character model and loss, a clean stop when the process count does not fit the
+split, and gathering a split model's pieces on rank 0 for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from . import dist, models, profile, text
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Options of the character transformer and its data (defaults per profile)."""
+    P = profile.current()
+    p.add_argument("--d-model", type=int, default=P.pick(quick=64, cpu=128, gpu=512))
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=P.pick(quick=32, cpu=64, gpu=256))
+    p.add_argument("--batch-size", type=int, default=P.pick(quick=16, cpu=32, gpu=64),
+                   help="sequences per step (the whole batch, all micro-batches / ranks)")
+    p.add_argument("--n-chars", type=int, default=P.pick(quick=200_000, cpu=1_000_000, gpu=0),
+                   help=f"characters of the {text.NAME} corpus to use (0: 5 million)")
+    p.add_argument("--steps", type=int, default=P.pick(quick=3, cpu=20, gpu=100),
+                   help="training steps")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--checkpoint", default=None, help="save the whole trained model here (rank 0)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_model(args: argparse.Namespace) -> nn.Module:
+    """The same initial char_transformer on every rank (seeded)."""
+    torch.manual_seed(args.seed)
+    return models.build("char_transformer", vocab=text.VOCAB, d_model=args.d_model,
+                        n_heads=args.heads, n_layers=args.layers, max_len=args.seq_len)
+
+
+def corpus(args: argparse.Namespace) -> text.Corpus:
+    return text.load(args.n_chars or 5_000_000)
+
+
+def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean next-character cross-entropy."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def require(ok: bool, message: str) -> None:
+    """Stop every rank with ``message`` and exit status 2 when ``ok`` is false.
+
+    Call it before the process group is joined: each rank decides alone from the
+    launcher's environment, so nobody waits for a peer that has left (no hang)."""
+    if not ok:
+        if dist.detect().rank == 0:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def gather_on_rank0(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Union of every rank's ``{name: tensor}`` (as CPU copies) on rank 0; ``None``
+    elsewhere. Works for one process too."""
+    local = {k: v.detach().cpu().clone() for k, v in tensors.items()}
+    if not tdist.is_initialized():
+        return local
+    pieces: list | None = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
+    tdist.gather_object(local, pieces, dst=0)
+    if pieces is None:
+        return None
+    out: dict[str, torch.Tensor] = {}
+    for piece in pieces:
+        out.update(piece)
+    return out
+
+
+def relative_error(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """‖a − b‖ / ‖b‖ over all the tensors together (the names must match). Taken
+    as a whole because some gradients are zero in exact arithmetic (a key's bias
+    cannot change a softmax) and their own relative error is only rounding noise."""
+    if set(a) != set(b):
+        raise KeyError(f"different names: {sorted(set(a) ^ set(b))[:5]}")
+    diff = sum(float((a[k].detach().double() - b[k].detach().double()).pow(2).sum()) for k in b)
+    ref = sum(float(b[k].detach().double().pow(2).sum()) for k in b)
+    return (diff / max(ref, 1e-300)) ** 0.5

@@ -1,0 +1,86 @@
+"""Figures for Lab 4: F/B schedule grids from measured timestamps, bubble vs
+micro-batches, memory per rank, and bars of the training-state breakdown."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from lab_utils import timeline
+
+KIND_COLORS = {"F": "#4c72b0", "B": "#55a868"}
+
+
+def schedule_grid(events: Sequence[Mapping], ax: plt.Axes | None = None, title: str = "") -> plt.Axes:
+    """One row per rank, one box per forward (blue) or backward (green) of a
+    micro-batch, at its measured start and length; white space is idle time."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 1.6))
+    t0, t1 = timeline.span(events)
+    ranks = sorted({e["rank"] for e in events})
+    for e in events:
+        y = e["rank"]
+        x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
+        ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=KIND_COLORS[e["kind"]],
+                       edgecolors="white", linewidth=0.5)
+        if w > (t1 - t0) * 1e3 / 60:
+            ax.text(x + w / 2, y, f"{e['kind']}{e['mb']}", ha="center", va="center",
+                    color="white", fontsize=7)
+    ax.set_yticks(ranks, [f"stage {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.6, -0.6)
+    ax.set_xlim(0, (t1 - t0) * 1e3)
+    ax.set_xlabel("ms since the step began")
+    ax.set_title(title or f"bubble {timeline.bubble_fraction(events):.0%}", fontsize=9, loc="left")
+    return ax
+
+
+def schedule_grids(runs: Sequence[Mapping], title: str = "") -> plt.Figure:
+    """:func:`schedule_grid` for several pipeline runs, one panel each."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.8), squeeze=False)
+    for ax, run in zip(axes[:, 0], runs):
+        schedule_grid(run["events"], ax, f"{run['schedule']}, m={run['microbatches']}: bubble "
+                      f"{run['bubble']:.0%} measured, {run['ideal_bubble']:.0%} ideal")
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    fig.suptitle(title or "per-stage timeline (blue F = forward, green B = backward)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def bubble_vs_microbatches(runs: Sequence[Mapping], p: int, ax: plt.Axes | None = None) -> plt.Axes:
+    """Measured bubble fraction per schedule against (p−1)/(m+p−1)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.2))
+    ms = np.arange(1, max(r["microbatches"] for r in runs) + 1)
+    ax.plot(ms, [timeline.ideal_bubble(p, m) for m in ms], "k--", label="(p−1)/(m+p−1)")
+    for name, marker in (("gpipe", "o"), ("1f1b", "s")):
+        pts = sorted((r["microbatches"], r["bubble"]) for r in runs if r["schedule"] == name)
+        if pts:
+            ax.plot(*zip(*pts), marker=marker, label=f"{name} measured")
+    ax.set_xlabel("micro-batches m")
+    ax.set_ylabel("bubble (idle share)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{p} stages", fontsize=9)
+    ax.legend(fontsize=8)
+    return ax
+
+
+def stacked_bytes(rows: Mapping[str, Mapping[str, float]], ax: plt.Axes | None = None,
+                  unit: float = 2**20, unit_name: str = "MiB", title: str = "") -> plt.Axes:
+    """Stacked bars: for each row (a strategy or a setting) its bytes per kind."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.2))
+    labels = list(rows)
+    kinds = list(next(iter(rows.values())))
+    bottom = np.zeros(len(labels))
+    for kind in kinds:
+        vals = np.array([rows[k][kind] / unit for k in labels])
+        ax.bar(labels, vals, bottom=bottom, label=kind)
+        bottom += vals
+    ax.set_ylabel(f"{unit_name} per rank")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax

@@ -1,0 +1,50 @@
+"""Reference solutions for Lab 4 (used when ``LABS_SOLUTIONS=1``)."""
+
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+
+def training_state_bytes(n_params: int, optimizer: str, mixed_precision: bool) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state for ``n_params`` weights.
+
+    fp32: 4-byte weights and gradients; SGD with momentum keeps one 4-byte buffer,
+    Adam two (first and second moment). Mixed precision (ZeRO paper): 2-byte fp16
+    weights and gradients, and the optimizer keeps an fp32 master copy (4 bytes)
+    besides its fp32 buffers.
+    """
+    buffers = {"momentum": 1, "adam": 2}[optimizer]
+    if mixed_precision:
+        return {"params": 2 * n_params, "grads": 2 * n_params,
+                "optimizer": (4 + 4 * buffers) * n_params}
+    return {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 4 * buffers * n_params}
+
+
+def mlp_column_row_shard(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                         rank: int, n: int) -> torch.Tensor:
+    """Rank ``rank``'s partial output of ``gelu(x W1ᵀ + b1) W2ᵀ``: its block of W1's
+    rows (= output columns of the first layer) and b1, and the matching block of
+    W2's columns (= input rows of the second). Summing the n partials (the
+    all-reduce) gives the full output, without the second bias."""
+    cols = w1.shape[0] // n
+    part = slice(rank * cols, (rank + 1) * cols)
+    return F.gelu(x @ w1[part].T + b1[part]) @ w2[:, part].T
+
+
+def attention_heads_shard(x: torch.Tensor, wq: torch.Tensor, bq: torch.Tensor, wk: torch.Tensor,
+                          bk: torch.Tensor, wv: torch.Tensor, bv: torch.Tensor, wo: torch.Tensor,
+                          n_heads: int, rank: int, n: int) -> torch.Tensor:
+    """Rank ``rank``'s partial output of causal self-attention computed with its
+    ``n_heads / n`` heads: the heads' rows of Wq, Wk, Wv and their columns of Wo."""
+    b, t, d = x.shape
+    hd = d // n_heads
+    width = d // n
+    part = slice(rank * width, (rank + 1) * width)
+
+    def heads(z: torch.Tensor) -> torch.Tensor:
+        return z.view(b, t, -1, hd).transpose(1, 2)
+
+    q, k, v = (heads(x @ w[part].T + bias[part]) for w, bias in ((wq, bq), (wk, bk), (wv, bv)))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return y.transpose(1, 2).reshape(b, t, width) @ wo[:, part].T

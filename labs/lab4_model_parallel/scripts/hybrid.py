@@ -1,0 +1,113 @@
+"""Hybrid parallelism on a 2-D device mesh: data parallel × tensor parallel.
+
+The processes form a (dp, tp) mesh. Along "tp" each block is split Megatron-style
+with parallelize_module (attention by heads, MLP column then row); along "dp" the
+model is sharded and its gradients averaged with FSDP2's fully_shard. The job trains
+--steps Adam steps on a global batch split over the dp groups, compares the weights
+with one process training the unsplit model, and saves the whole model (rank 0).
+
+    torchrun --standalone --nproc-per-node 4 hybrid.py --tp 2      # 2 data × 2 tensor
+"""
+
+import argparse
+import logging
+import time
+import warnings
+
+import torch
+from tensor_parallel import tp_plan  # the plan of tensor_parallel.py, next to this script
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import parallelize_module
+
+from lab_utils import dist, memory, metrics, models, parallel, traffic
+
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # no in-place ops on outputs
+warnings.filterwarnings("ignore", message="Full backward hook is firing")  # stage 0 takes ids
+# Gathering a 2-D-sharded weight for the checkpoint takes two all-gathers; torch says so per tensor.
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parallel.add_model_args(p)
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks per data-parallel group")
+    return p.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
+    world = dist.detect().world_size
+    parallel.require(args.tp >= 1 and world % args.tp == 0,
+                     f"{world} processes do not form a (data × tensor) mesh with --tp {args.tp}: "
+                     f"use a multiple of {args.tp} processes")
+    dp = world // args.tp
+    parallel.require(args.heads % args.tp == 0, f"--tp {args.tp} does not divide --heads {args.heads}")
+    parallel.require(args.batch_size % dp == 0, f"--batch-size {args.batch_size} does not split "
+                     f"over {dp} data-parallel groups")
+    info = dist.init()
+    rank, device = info.rank, info.device
+    mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh.get_local_rank("dp")
+    data = parallel.corpus(args)
+    batches = [tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+               for s in range(args.steps)]
+
+    model = parallel.build_model(args).to(device)
+    reference = None
+    if rank == 0:
+        import copy
+        reference = copy.deepcopy(model)
+    model = parallelize_module(model, mesh["tp"], tp_plan(args.layers))
+    if dp > 1:
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    mine = slice(dp_rank * args.batch_size // dp, (dp_rank + 1) * args.batch_size // dp)
+    seconds, comm, counts = [], {}, {}
+    for step, (x, y) in enumerate(batches):
+        start = time.perf_counter()
+        with traffic.count() as seen, CommDebugMode() as debug:
+            opt.zero_grad()
+            loss = parallel.lm_loss(model(x[mine]), y[mine])
+            loss.backward()
+            opt.step()
+        seconds.append(time.perf_counter() - start)
+        comm = dict(seen)
+        counts = {str(k).split(".")[-1]: v for k, v in debug.get_comm_counts().items()}
+        dist.print0(f"step {step}: loss {loss.item():.3f}")
+    per_rank = memory.state_bytes(model, opt)
+    state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+             for k, v in model.state_dict().items()}
+    step_s = dist.average(min(seconds))
+    if rank == 0:
+        ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
+        one_s = []
+        for x, y in batches:
+            start = time.perf_counter()
+            ref_opt.zero_grad()
+            parallel.lm_loss(reference(x), y).backward()
+            ref_opt.step()
+            one_s.append(time.perf_counter() - start)
+        err = parallel.relative_error(state, {k: v.cpu() for k, v in reference.state_dict().items()})
+        psi = sum(q.numel() for q in reference.parameters())
+        metrics.emit({"event": "hybrid", "dp": dp, "tp": args.tp, "steps": args.steps,
+                      "weights_rel_err": err, "psi": psi, "per_rank": per_rank,
+                      "comm_bytes": comm, "comm_counts": counts, "step_s": step_s,
+                      "one_process_step_s": min(one_s)})
+        print(f"mesh dp={dp} × tp={args.tp}: weights vs one process {err:.1e}; rank 0 holds "
+              f"{sum(per_rank.values()) / 2**20:.2f} MiB of state; {step_s * 1e3:.1f} ms per step "
+              f"(one process {min(one_s) * 1e3:.1f} ms); collectives {counts}, bytes {comm}", flush=True)
+        if args.checkpoint:
+            plain = parallel.build_model(args)
+            plain.load_state_dict(state)
+            models.save(args.checkpoint, plain, steps=args.steps, dp=dp, tp=args.tp)
+            print(f"saved {args.checkpoint}", flush=True)
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()
