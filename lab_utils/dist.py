@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import socket
 import sys
 import zlib
 from dataclasses import dataclass
@@ -119,6 +120,39 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
             )
         addr = "127.0.0.1"
     return LaunchEnv(launcher, rank, size, local_rank, local_size, addr, port, job)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
+    """Translate the launcher's environment into the variables ``init_process_group`` reads.
+
+    ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` itself; ``mpirun``, Slurm's ``srun`` and
+    ``horovodrun`` set their own names instead, and a plain ``python script.py`` sets
+    none. This fills in whatever is missing (a free port for a single process, loopback
+    for Gloo on one machine), so that ``torch.distributed.init_process_group(backend)``
+    works the same under every launcher. Nothing else: the script makes the calls.
+    """
+    target = os.environ if env is None else env
+    le = detect(target)
+    if le.launcher == "single":
+        le = LaunchEnv("single", 0, 1, 0, 1, le.master_addr or "127.0.0.1",
+                       le.master_port or _free_port(), "")
+    values = {"RANK": le.rank, "WORLD_SIZE": le.world_size, "LOCAL_RANK": le.local_rank,
+              "LOCAL_WORLD_SIZE": le.local_world_size, "MASTER_ADDR": le.master_addr,
+              "MASTER_PORT": le.master_port}
+    for name, value in values.items():
+        target.setdefault(name, str(value))
+    if le.local_world_size == le.world_size:
+        # One machine: Gloo talks over loopback even where the default interface is odd
+        # (containers); multi-node jobs must set GLOO_SOCKET_IFNAME themselves.
+        target.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return le
 
 
 _info: DistInfo | None = None
