@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import data, dist, models, optim
@@ -122,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
     schedule = optim.lambda_lr(optimizer, optim.lr_schedule(steps, warmup_steps=warm,
                                                             decay="cosine"))
-    net = DDP(model) if info.distributed else model
+    # DDP gets a group of its own: it holds its group past destroy_process_group, and the
+    # default group (metrics, the final barrier) must be freed at shutdown (see dist.shutdown).
+    net = DDP(model, process_group=tdist.new_group()) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,
                       checkpoint_path=args.save_every,

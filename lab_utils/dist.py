@@ -1,4 +1,9 @@
-"""Launcher-agnostic data-parallel set-up and the collectives helpers built on it.
+"""Launcher environments for torch.distributed, and small collective helpers.
+
+:func:`set_torch_env_from_launcher` is what PyTorch does not do itself: it turns the
+environment of ``mpirun``, Slurm's ``srun``, ``horovodrun`` or a plain ``python`` into
+the variables ``torch.distributed.init_process_group`` reads (Lab 2's scripts then make
+the real calls themselves). The rest is plumbing for later labs and tests, built on it.
 
 One :func:`init` works under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``),
 ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_*``, MPICH/Intel's ``PMI_*``), ``horovodrun``
@@ -298,7 +303,19 @@ def average_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def shutdown() -> None:
-    """Leave the job cleanly: a barrier first (Gloo can abort at exit without it)."""
+    """Leave the job cleanly: a barrier, then ``destroy_process_group()``.
+
+    Why both, and why DDP needs a group of its own: a Gloo worker thread releases each
+    finished collective a moment after the caller's ``wait()`` returns. If the last
+    reference to a tensor that Python already dropped goes then, the thread must take
+    the GIL; once the interpreter is finalizing, CPython ends such a thread with
+    ``pthread_exit``, whose unwinding through a C++ destructor calls ``std::terminate``
+    ("terminate called without an active exception", SIGABRT). Destroying the group
+    while Python is alive joins its worker threads first. DistributedDataParallel keeps
+    a reference to its group past ``destroy_process_group()`` (torch 2.13), so a script
+    gives DDP ``process_group=torch.distributed.new_group()`` and keeps the default group,
+    which carries its own all-reduces and this barrier, free to be destroyed here.
+    """
     global _info
     if dist.is_initialized():
         try:

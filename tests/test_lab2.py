@@ -83,9 +83,50 @@ def test_notebook_scripts_equal_the_committed_files():
             committed = (LAB / rel).read_text()
             assert body.rstrip("\n") == committed.rstrip("\n"), \
                 f"{nb.name} writes {rel} differently from the committed file"
-    for name in ("train_serial.py", "train_ddp.py", "train_horovod.py", "uneven_shards.py",
-                 "ring_check.py", "ddp_bench.py", "collectives_demo.py"):
+    for name in ("uneven_shards.py", "ring_check.py", "collectives_demo.py"):
         assert f"scripts/{name}" in written, f"no notebook writes scripts/{name}"
+    for name in ("train_serial.py", "train_ddp.py", "train_horovod.py", "common.py",
+                 "ddp_bench.py"):  # shown from disk (or as a concept), never rewritten
+        assert f"scripts/{name}" not in written, f"a notebook rewrites scripts/{name}"
+
+
+def step_names(nb_path: Path) -> dict[int, str]:
+    """The STEP_NAMES dict a notebook defines for its diff."""
+    import ast
+
+    for cell in nbformat.read(nb_path, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.startswith("STEP_NAMES"):
+            node = ast.parse(cell.source).body[0]
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{nb_path.name} defines no STEP_NAMES")
+
+
+@pytest.mark.parametrize("nb_name, script", [("02_ddp.ipynb", "train_ddp.py"),
+                                             ("03_horovod.ipynb", "train_horovod.py")])
+def test_notebooks_show_the_scripts_on_disk_and_name_every_step(nb_name, script):
+    from lab_utils.plots import lab2 as plots
+
+    source = "\n".join(c.source for c in nbformat.read(LAB / nb_name, as_version=4).cells)
+    assert f'show_diff("scripts/train_serial.py", "scripts/{script}"' in source
+    if nb_name == "02_ddp.ipynb":  # the serial script is printed once, from the file
+        assert 'Code(filename="scripts/train_serial.py"' in source
+    steps = plots.diff_steps((SCRIPTS / "train_serial.py").read_text(),
+                             (SCRIPTS / script).read_text())
+    assert sorted(step_names(LAB / nb_name)) == [s.step for s in steps] == list(range(8))
+
+
+def test_ddp_script_makes_the_real_calls_itself():
+    code = (SCRIPTS / "train_ddp.py").read_text()
+    for call in ("dist.init_process_group(backend, timeout=", "torch.cuda.set_device(device)",
+                 "DDP(model, device_ids=[local_rank]", "train.set_epoch(epoch)",
+                 "rank=rank, world_size=world_size", "dist.all_reduce(sums)",
+                 "if rank == 0:", "dist.barrier()", "dist.destroy_process_group()",
+                 "process_group=dist.new_group()", "optim.warmup(warmup_steps"):
+        assert call in code, f"train_ddp.py no longer shows {call!r}"
+    for hidden in ("dist.init()", "dist.shutdown()", "Trainer("):
+        assert hidden not in code, f"train_ddp.py hides a lesson behind {hidden!r}"
+    horovod = (SCRIPTS / "train_horovod.py").read_text()
+    assert "init_process_group" not in horovod and "hvd.init()" in horovod
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
@@ -121,7 +162,7 @@ def equivalence(tmp_path_factory):
               "--no-augment"]
     one = run("train_serial.py", [*common, "--batch-size", 64, "--lr", 0.1,
                                   "--checkpoint", tmp / "one.pt"], nprocs=1, launcher="python")
-    two = run("train_ddp.py", [*common, "--batch-size", 32, "--lr", 0.05,
+    two = run("train_ddp.py", [*common, "--batch-size", 32, "--lr", 0.05, "--warmup-epochs", 0,
                                "--checkpoint", tmp / "two.pt"])
     return one.check(), two.check(), tmp
 

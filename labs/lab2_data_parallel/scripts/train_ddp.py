@@ -68,7 +68,7 @@ def main() -> None:
     model = common.build_model(args).to(device)
     torch.manual_seed(args.seed + rank)  # [2] different augmentations on each rank
     # [4] DDP copies rank 0's weights to all, then all-reduces gradients in buckets. It
-    #     holds its group past destroy_process_group, so it gets a group of its own [1]
+    #     holds its group past destroy_process_group, so it gets a group of its own
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb, process_group=dist.new_group())
     lr = args.lr * world_size  # [5] N× the batch per step: N× the learning rate ...

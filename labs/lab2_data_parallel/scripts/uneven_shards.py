@@ -14,6 +14,7 @@ import argparse
 import contextlib
 
 import torch
+import torch.distributed as tdist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -40,7 +41,7 @@ def main() -> None:
     print(f"rank {info.rank}: {len(loader)} batches", flush=True)
 
     torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(20, 10).to(info.device))
+    model = DDP(torch.nn.Linear(20, 10).to(info.device), process_group=tdist.new_group())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     # join(): a rank that runs out of data shadows the others' all-reduces with zeros
     with model.join() if args.fix == "join" else contextlib.nullcontext():
