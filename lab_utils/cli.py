@@ -6,7 +6,7 @@
 
 Under a launcher it joins the job through :func:`lab_utils.dist.init`, wraps the model
 in DistributedDataParallel, gives each rank its shard, scales the learning rate
-with the world size (with warm-up), and evaluates exactly on the whole test set.
+with the world size (square-root rule by default, with warm-up), and evaluates exactly on the whole test set.
 Defaults come from the run profile (``LABS_PROFILE`` or ``--profile``).
 """
 
@@ -48,7 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=128, help="per process")
     p.add_argument("--lr", type=float, default=0.05, help="for one process; scaled by world size")
-    p.add_argument("--no-lr-scaling", action="store_true", help="keep --lr as given")
+    p.add_argument("--lr-scaling", choices=["sqrt", "linear", "none"], default="sqrt",
+                   help="N processes use √N × lr (default: linear N × lr collapsed on 4 or "
+                        "more processes in Lab 2's measurements), N × lr, or lr")
+    p.add_argument("--no-lr-scaling", action="store_true", help="same as --lr-scaling none")
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     test_loader = TensorLoader.from_dataset(ds, "test", 1024, shuffle=False, rank=info.rank,
                                             world_size=info.world_size, even_shards=False,
                                             device=info.device, channels_last=args.channels_last)
-    lr = args.lr if args.no_lr_scaling else args.lr * info.world_size
+    rule = "none" if args.no_lr_scaling else args.lr_scaling
+    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * info.world_size, rule)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 nesterov=args.momentum > 0, weight_decay=args.weight_decay)
     steps = epochs * len(train_loader)
