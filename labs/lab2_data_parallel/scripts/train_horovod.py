@@ -76,7 +76,7 @@ def main() -> None:
         train_sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, steps
         for x, y in train:
             loss = F.cross_entropy(model(x), y)
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             schedule.step()  # [5]
