@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -129,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
                                                             decay="cosine"))
     # DDP gets a group of its own: it holds its group past destroy_process_group, and the
     # default group (metrics, the final barrier) must be freed at shutdown (see dist.shutdown).
-    net = DDP(model, process_group=tdist.new_group()) if info.distributed else model
+    wait = timedelta(seconds=dist.default_timeout_s())
+    net = DDP(model, process_group=tdist.new_group(timeout=wait)) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,
                       checkpoint_path=args.save_every,

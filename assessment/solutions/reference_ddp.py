@@ -57,7 +57,8 @@ def main() -> None:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, os.cpu_count() // int(os.environ["LOCAL_WORLD_SIZE"])))
     backend = "nccl" if cuda else "gloo"
-    tdist.init_process_group(backend, timeout=timedelta(seconds=dist.default_timeout_s()))
+    timeout = timedelta(seconds=dist.default_timeout_s())
+    tdist.init_process_group(backend, timeout=timeout)
 
     ds = data.load(args.dataset)
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
@@ -66,7 +67,7 @@ def main() -> None:
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     net = DDP(model, device_ids=[local_rank] if cuda else None,
-              process_group=tdist.new_group())
+              process_group=tdist.new_group(timeout=timeout))
     torch.manual_seed(args.seed + rank)  # a different augmentation stream per rank
 
     train_loader = TensorLoader.from_dataset(

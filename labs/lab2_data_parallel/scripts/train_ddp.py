@@ -58,7 +58,8 @@ def main() -> None:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, os.cpu_count() // int(os.environ["LOCAL_WORLD_SIZE"])))
     backend = "nccl" if device.type == "cuda" else "gloo"  # [1]
-    dist.init_process_group(backend, timeout=timedelta(seconds=120))  # [1] a lost peer fails
+    timeout = timedelta(seconds=120)  # [1] a collective that waits longer fails the job
+    dist.init_process_group(backend, timeout=timeout)  # [1]
 
     ds = data.load(args.dataset).subset(args.n_train or None, args.n_test or None)
     train = TensorLoader.from_dataset(ds, "train", args.batch_size, seed=args.seed,
@@ -72,7 +73,7 @@ def main() -> None:
     # [4] DDP copies rank 0's weights to all, then all-reduces gradients in buckets. It
     #     holds its group past destroy_process_group, so it gets a group of its own
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
-                bucket_cap_mb=args.bucket_cap_mb, process_group=dist.new_group())
+                bucket_cap_mb=args.bucket_cap_mb, process_group=dist.new_group(timeout=timeout))
     # [5] N× the batch per step: a larger learning rate (Lab 3). Linear scaling (N×) diverged
     #     here on 4 processes or more; square-root scaling (√N×) trained at every N we ran
     lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size, args.lr_scaling)
