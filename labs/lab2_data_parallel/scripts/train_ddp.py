@@ -45,8 +45,7 @@ def main() -> None:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,  # [4]
                    help="DDP gradient bucket size in MB")
     args = common.parse_args(p)
-    # [1] join the job: mpirun/srun/horovodrun name rank and world size their own way;
-    #     this sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT as torchrun does
+    # [1] mpirun/srun/horovodrun: set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* as torchrun does
     launcher = set_torch_env_from_launcher().launcher
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # [1]
     local_rank = int(os.environ["LOCAL_RANK"])  # [2] this process's index on its machine

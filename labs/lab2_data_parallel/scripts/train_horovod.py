@@ -57,8 +57,7 @@ def main() -> None:
 
     model = common.build_model(args).to(device)
     torch.manual_seed(args.seed + hvd.rank())  # [2] different augmentations on each rank
-    # [5] N× the batch per step: a larger learning rate (Lab 3). Linear scaling (N×) diverged
-    #     here on 4 processes or more; square-root scaling (√N×) trained at every N we ran
+    # [5] N× the batch per step: a larger learning rate, √N× by default (see train_ddp.py)
     lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * hvd.size(), args.lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
