@@ -121,7 +121,7 @@ def test_ddp_script_makes_the_real_calls_itself():
                  "DDP(model, device_ids=[local_rank]", "train.set_epoch(epoch)",
                  "rank=rank, world_size=world_size", "dist.all_reduce(sums)",
                  "if rank == 0:", "dist.barrier()", "dist.destroy_process_group()",
-                 "process_group=dist.new_group(timeout=timeout)", "optim.scale_lr(", "optim.warmup(warmup_steps"):
+                 "process_group=dist.new_group(timeout=timeout)", "optim.scale_lr(", "optim.warmup(warm, args.lr / lr)"):
         assert call in code, f"train_ddp.py no longer shows {call!r}"
     for hidden in ("dist.init()", "dist.shutdown()", "Trainer("):
         assert hidden not in code, f"train_ddp.py hides a lesson behind {hidden!r}"

@@ -78,9 +78,8 @@ def main() -> None:
     lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size, args.lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
-    warmup_steps = round(args.warmup_epochs * len(train))  # [5] reached gradually,
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # [5] from lr, as in Lab 3
-        optimizer, optim.warmup(warmup_steps, start_factor=args.lr / lr))
+    warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, args.lr / lr))
 
     step, start = 0, time.perf_counter()
     for epoch in range(args.epochs):

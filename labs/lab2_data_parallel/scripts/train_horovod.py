@@ -65,9 +65,8 @@ def main() -> None:
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # [4]
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # [4]
-    warmup_steps = round(args.warmup_epochs * len(train))  # [5] reached gradually,
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # [5] from lr, as in Lab 3
-        optimizer, optim.warmup(warmup_steps, start_factor=args.lr / lr))
+    warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, args.lr / lr))
 
     step, start = 0, time.perf_counter()
     for epoch in range(args.epochs):
