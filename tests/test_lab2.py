@@ -121,7 +121,7 @@ def test_ddp_script_makes_the_real_calls_itself():
                  "DDP(model, device_ids=[local_rank]", "train.set_epoch(epoch)",
                  "rank=rank, world_size=world_size", "dist.all_reduce(sums)",
                  "if rank == 0:", "dist.barrier()", "dist.destroy_process_group()",
-                 "process_group=dist.new_group(timeout=timeout)", "optim.scale_lr(", "optim.warmup(warm, args.lr / lr)"):
+                 "process_group=dist.new_group(timeout=timeout)", "optim.scale_lr(", "optim.warmup(warm, min(1, args.lr / lr))"):
         assert call in code, f"train_ddp.py no longer shows {call!r}"
     for hidden in ("dist.init()", "dist.shutdown()", "Trainer("):
         assert hidden not in code, f"train_ddp.py hides a lesson behind {hidden!r}"
@@ -146,7 +146,7 @@ def test_conversion_diffs_have_the_seven_named_steps():
     for other in ("train_ddp.py", "train_horovod.py"):
         steps = plots.diff_steps(serial, (SCRIPTS / other).read_text())
         assert [s.step for s in steps] == list(range(8)), other
-        assert all(s.added + s.removed <= 15 for s in steps), "each step stays a small diff"
+        assert all(s.added + s.removed <= 18 for s in steps), "each step stays a small diff"
 
 
 def test_slurm_example_is_valid_bash():
@@ -163,7 +163,7 @@ def equivalence(tmp_path_factory):
     one = run("train_serial.py", [*common, "--batch-size", 64, "--lr", 0.1,
                                   "--checkpoint", tmp / "one.pt"], nprocs=1, launcher="python")
     two = run("train_ddp.py", [*common, "--batch-size", 32, "--lr", 0.05, "--warmup-epochs", 0,
-                               "--lr-scaling", "linear",
+                               "--lr-scaling", "linear", "--max-lr", 1,
                                "--checkpoint", tmp / "two.pt"])
     return one.check(), two.check(), tmp
 
@@ -438,7 +438,8 @@ def test_horovod_script_trains_at_every_process_count(n):
 def test_the_training_threshold_fails_a_diverged_run():
     """The same job with a learning rate far too large and no warm-up diverges to chance:
     the threshold above must not let such a run pass."""
-    s = summary(run("train_ddp.py", [*SCALING, "--lr", "0.3", "--warmup-epochs", "0"],
+    s = summary(run("train_ddp.py", [*SCALING, "--lr", "0.3", "--max-lr", "1.2",
+                                     "--warmup-epochs", "0"],
                     nprocs=4).check())
     assert s["val_acc"] < TRAINS - 0.2
 

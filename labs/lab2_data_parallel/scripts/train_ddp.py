@@ -40,6 +40,8 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
                    help="N processes use √N × lr (sqrt) or N × lr (linear)")
+    p.add_argument("--max-lr", type=float, default=0.07,  # [5]
+                   help="cap on the scaled rate (this network diverged above it on 8 processes)")
     p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
                    help="epochs over which the learning rate rises from lr to its scaled value")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,  # [4]
@@ -75,11 +77,12 @@ def main() -> None:
                 bucket_cap_mb=args.bucket_cap_mb, process_group=dist.new_group(timeout=timeout))
     # [5] N× the batch per step: a larger learning rate (Lab 3). Linear scaling (N×) diverged
     #     here on 4 processes or more; square-root scaling (√N×) trained at every N we ran
-    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size, args.lr_scaling)
+    lr = min(optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size,
+                            args.lr_scaling), args.max_lr)  # [5] capped where it diverged
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
     warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, args.lr / lr))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, min(1, args.lr / lr)))
 
     step, start = 0, time.perf_counter()
     for epoch in range(args.epochs):

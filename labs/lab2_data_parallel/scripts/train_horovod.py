@@ -36,6 +36,8 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
                    help="N processes use √N × lr (sqrt) or N × lr (linear)")
+    p.add_argument("--max-lr", type=float, default=0.07,  # [5]
+                   help="cap on the scaled rate (this network diverged above it on 8 processes)")
     p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
                    help="epochs over which the learning rate rises from lr to its scaled value")
     args = common.parse_args(p)
@@ -58,7 +60,8 @@ def main() -> None:
     model = common.build_model(args).to(device)
     torch.manual_seed(args.seed + hvd.rank())  # [2] different augmentations on each rank
     # [5] N× the batch per step: a larger learning rate, √N× by default (see train_ddp.py)
-    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * hvd.size(), args.lr_scaling)
+    lr = min(optim.scale_lr(args.lr, args.batch_size, args.batch_size * hvd.size(),
+                            args.lr_scaling), args.max_lr)  # [5] capped where it diverged
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
     # [4] average gradients with all-reduce during backward; start every rank from rank 0's state
@@ -66,7 +69,7 @@ def main() -> None:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # [4]
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # [4]
     warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, args.lr / lr))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, min(1, args.lr / lr)))
 
     step, start = 0, time.perf_counter()
     for epoch in range(args.epochs):
