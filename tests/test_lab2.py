@@ -408,9 +408,9 @@ def test_read_timeline_tolerates_a_cut_file(tmp_path):
 # ------------------------------------------- every process count trains, and exits cleanly
 # Quick data sizes, but enough optimiser steps to tell training from divergence: a run that
 # diverges ends at chance (10 % on Fashion-MNIST), a run that trains well above TRAINS.
-SCALING = ["--n-train", "2048", "--n-test", "512", "--epochs", "2", "--batch-size", "32",
+SCALING = ["--n-train", "2048", "--n-test", "512", "--epochs", "3", "--batch-size", "32",
            "--width", "8"]
-TRAINS = 0.5
+TRAINS = 0.3  # 3 × chance; 4 processes take only 48 steps of the capped learning rate here
 
 
 @pytest.mark.launcher
@@ -441,7 +441,7 @@ def test_the_training_threshold_fails_a_diverged_run():
     s = summary(run("train_ddp.py", [*SCALING, "--lr", "0.3", "--max-lr", "1.2",
                                      "--warmup-epochs", "0"],
                     nprocs=4).check())
-    assert s["val_acc"] < TRAINS - 0.2
+    assert s["val_acc"] < TRAINS - 0.1
 
 
 def exited_cleanly(result: launch.LaunchResult) -> bool:

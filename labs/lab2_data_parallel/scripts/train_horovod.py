@@ -36,8 +36,8 @@ def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
                    help="N processes use √N × lr (sqrt) or N × lr (linear)")
-    p.add_argument("--max-lr", type=float, default=0.07,  # [5]
-                   help="cap on the scaled rate (this network diverged above it on 8 processes)")
+    p.add_argument("--max-lr", type=float, default=0.05,  # [5]
+                   help="cap on the scaled rate (above it this network diverged on 8 processes)")
     p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
                    help="epochs over which the learning rate rises from lr to its scaled value")
     args = common.parse_args(p)
