@@ -6,7 +6,7 @@
 
 Under a launcher it joins the job through :func:`lab_utils.dist.init`, wraps the model
 in DistributedDataParallel, gives each rank its shard, scales the learning rate
-with the world size (with warm-up), and evaluates exactly on the whole test set.
+with the world size (square-root rule by default, with warm-up), and evaluates exactly on the whole test set.
 Defaults come from the run profile (``LABS_PROFILE`` or ``--profile``).
 """
 
@@ -15,9 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import data, dist, models, optim
@@ -47,7 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=128, help="per process")
     p.add_argument("--lr", type=float, default=0.05, help="for one process; scaled by world size")
-    p.add_argument("--no-lr-scaling", action="store_true", help="keep --lr as given")
+    p.add_argument("--lr-scaling", choices=["sqrt", "linear", "none"], default="sqrt",
+                   help="N processes use √N × lr (default: linear N × lr collapsed on 4 or "
+                        "more processes in Lab 2's measurements), N × lr, or lr")
+    p.add_argument("--no-lr-scaling", action="store_true", help="same as --lr-scaling none")
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
@@ -117,14 +122,18 @@ def main(argv: list[str] | None = None) -> int:
     test_loader = TensorLoader.from_dataset(ds, "test", 1024, shuffle=False, rank=info.rank,
                                             world_size=info.world_size, even_shards=False,
                                             device=info.device, channels_last=args.channels_last)
-    lr = args.lr if args.no_lr_scaling else args.lr * info.world_size
+    rule = "none" if args.no_lr_scaling else args.lr_scaling
+    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * info.world_size, rule)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
                                 nesterov=args.momentum > 0, weight_decay=args.weight_decay)
     steps = epochs * len(train_loader)
     warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
     schedule = optim.lambda_lr(optimizer, optim.lr_schedule(steps, warmup_steps=warm,
                                                             decay="cosine"))
-    net = DDP(model) if info.distributed else model
+    # DDP gets a group of its own: it holds its group past destroy_process_group, and the
+    # default group (metrics, the final barrier) must be freed at shutdown (see dist.shutdown).
+    wait = timedelta(seconds=dist.default_timeout_s())
+    net = DDP(model, process_group=tdist.new_group(timeout=wait)) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,
                       checkpoint_path=args.epoch_checkpoint,

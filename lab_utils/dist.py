@@ -1,4 +1,9 @@
-"""Launcher-agnostic data-parallel set-up and the collectives helpers built on it.
+"""Launcher environments for torch.distributed, and small collective helpers.
+
+:func:`set_torch_env_from_launcher` is what PyTorch does not do itself: it turns the
+environment of ``mpirun``, Slurm's ``srun``, ``horovodrun`` or a plain ``python`` into
+the variables ``torch.distributed.init_process_group`` reads (Lab 2's scripts then make
+the real calls themselves). The rest is plumbing for later labs and tests, built on it.
 
 One :func:`init` works under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``),
 ``mpirun`` (OpenMPI's ``OMPI_COMM_WORLD_*``, MPICH/Intel's ``PMI_*``), ``horovodrun``
@@ -11,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import socket
 import sys
 import zlib
 from dataclasses import dataclass
@@ -119,6 +125,39 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
             )
         addr = "127.0.0.1"
     return LaunchEnv(launcher, rank, size, local_rank, local_size, addr, port, job)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
+    """Translate the launcher's environment into the variables ``init_process_group`` reads.
+
+    ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+    ``MASTER_ADDR`` and ``MASTER_PORT`` itself; ``mpirun``, Slurm's ``srun`` and
+    ``horovodrun`` set their own names instead, and a plain ``python script.py`` sets
+    none. This fills in whatever is missing (a free port for a single process, loopback
+    for Gloo on one machine), so that ``torch.distributed.init_process_group(backend)``
+    works the same under every launcher. Nothing else: the script makes the calls.
+    """
+    target = os.environ if env is None else env
+    le = detect(target)
+    if le.launcher == "single":
+        le = LaunchEnv("single", 0, 1, 0, 1, le.master_addr or "127.0.0.1",
+                       le.master_port or _free_port(), "")
+    values = {"RANK": le.rank, "WORLD_SIZE": le.world_size, "LOCAL_RANK": le.local_rank,
+              "LOCAL_WORLD_SIZE": le.local_world_size, "MASTER_ADDR": le.master_addr,
+              "MASTER_PORT": le.master_port}
+    for name, value in values.items():
+        target.setdefault(name, str(value))
+    if le.local_world_size == le.world_size:
+        # One machine: Gloo talks over loopback even where the default interface is odd
+        # (containers); multi-node jobs must set GLOO_SOCKET_IFNAME themselves.
+        target.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    return le
 
 
 _info: DistInfo | None = None
@@ -264,7 +303,19 @@ def average_metrics(metrics: dict[str, float]) -> dict[str, float]:
 
 
 def shutdown() -> None:
-    """Leave the job cleanly: a barrier first (Gloo can abort at exit without it)."""
+    """Leave the job cleanly: a barrier, then ``destroy_process_group()``.
+
+    Why both, and why DDP needs a group of its own: a Gloo worker thread releases each
+    finished collective a moment after the caller's ``wait()`` returns. If the last
+    reference to a tensor that Python already dropped goes then, the thread must take
+    the GIL; once the interpreter is finalizing, CPython ends such a thread with
+    ``pthread_exit``, whose unwinding through a C++ destructor calls ``std::terminate``
+    ("terminate called without an active exception", SIGABRT). Destroying the group
+    while Python is alive joins its worker threads first. DistributedDataParallel keeps
+    a reference to its group past ``destroy_process_group()`` (torch 2.13), so a script
+    gives DDP ``process_group=torch.distributed.new_group()`` and keeps the default group,
+    which carries its own all-reduces and this barrier, free to be destroyed here.
+    """
     global _info
     if dist.is_initialized():
         try:

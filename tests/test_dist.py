@@ -63,3 +63,27 @@ def test_single_process_needs_no_process_group(monkeypatch):
         dist.barrier()
     finally:
         dist.shutdown()
+
+
+def test_launcher_environments_become_the_variables_init_process_group_reads():
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+           "OMPI_MCA_ess_base_jobid": "123"}
+    le = dist.set_torch_env_from_launcher(env)
+    assert le.launcher == "mpirun"
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == \
+        ("3", "4", "1", "4")
+    assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(le.master_port)
+    assert env["GLOO_SOCKET_IFNAME"] == "lo"  # one machine: loopback
+
+
+def test_torchrun_variables_are_left_alone_and_one_process_gets_a_free_port():
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "eth0"}
+    before = dict(env)
+    dist.set_torch_env_from_launcher(env)
+    assert env == before
+    alone: dict[str, str] = {}
+    dist.set_torch_env_from_launcher(alone)
+    assert (alone["RANK"], alone["WORLD_SIZE"], alone["LOCAL_RANK"]) == ("0", "1", "0")
+    assert alone["MASTER_ADDR"] == "127.0.0.1" and 0 < int(alone["MASTER_PORT"]) < 65536

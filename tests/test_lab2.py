@@ -83,9 +83,50 @@ def test_notebook_scripts_equal_the_committed_files():
             committed = (LAB / rel).read_text()
             assert body.rstrip("\n") == committed.rstrip("\n"), \
                 f"{nb.name} writes {rel} differently from the committed file"
-    for name in ("train_serial.py", "train_ddp.py", "train_horovod.py", "uneven_shards.py",
-                 "ring_check.py", "ddp_bench.py", "collectives_demo.py"):
+    for name in ("uneven_shards.py", "ring_check.py", "collectives_demo.py"):
         assert f"scripts/{name}" in written, f"no notebook writes scripts/{name}"
+    for name in ("train_serial.py", "train_ddp.py", "train_horovod.py", "common.py",
+                 "ddp_bench.py"):  # shown from disk (or as a concept), never rewritten
+        assert f"scripts/{name}" not in written, f"a notebook rewrites scripts/{name}"
+
+
+def step_names(nb_path: Path) -> dict[int, str]:
+    """The STEP_NAMES dict a notebook defines for its diff."""
+    import ast
+
+    for cell in nbformat.read(nb_path, as_version=4).cells:
+        if cell.cell_type == "code" and cell.source.startswith("STEP_NAMES"):
+            node = ast.parse(cell.source).body[0]
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{nb_path.name} defines no STEP_NAMES")
+
+
+@pytest.mark.parametrize("nb_name, script", [("02_ddp.ipynb", "train_ddp.py"),
+                                             ("03_horovod.ipynb", "train_horovod.py")])
+def test_notebooks_show_the_scripts_on_disk_and_name_every_step(nb_name, script):
+    from lab_utils.plots import lab2 as plots
+
+    source = "\n".join(c.source for c in nbformat.read(LAB / nb_name, as_version=4).cells)
+    assert f'show_diff("scripts/train_serial.py", "scripts/{script}"' in source
+    if nb_name == "02_ddp.ipynb":  # the serial script is printed once, from the file
+        assert 'Code(filename="scripts/train_serial.py"' in source
+    steps = plots.diff_steps((SCRIPTS / "train_serial.py").read_text(),
+                             (SCRIPTS / script).read_text())
+    assert sorted(step_names(LAB / nb_name)) == [s.step for s in steps] == list(range(8))
+
+
+def test_ddp_script_makes_the_real_calls_itself():
+    code = (SCRIPTS / "train_ddp.py").read_text()
+    for call in ("dist.init_process_group(backend, timeout=", "torch.cuda.set_device(device)",
+                 "DDP(model, device_ids=[local_rank]", "train.set_epoch(epoch)",
+                 "rank=rank, world_size=world_size", "dist.all_reduce(sums)",
+                 "if rank == 0:", "dist.barrier()", "dist.destroy_process_group()",
+                 "process_group=dist.new_group(timeout=timeout)", "optim.scale_lr(", "optim.warmup(warm, min(1, args.lr / lr))"):
+        assert call in code, f"train_ddp.py no longer shows {call!r}"
+    for hidden in ("dist.init()", "dist.shutdown()", "Trainer("):
+        assert hidden not in code, f"train_ddp.py hides a lesson behind {hidden!r}"
+    horovod = (SCRIPTS / "train_horovod.py").read_text()
+    assert "init_process_group" not in horovod and "hvd.init()" in horovod
 
 
 @pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
@@ -105,7 +146,7 @@ def test_conversion_diffs_have_the_seven_named_steps():
     for other in ("train_ddp.py", "train_horovod.py"):
         steps = plots.diff_steps(serial, (SCRIPTS / other).read_text())
         assert [s.step for s in steps] == list(range(8)), other
-        assert all(s.added + s.removed <= 15 for s in steps), "each step stays a small diff"
+        assert all(s.added + s.removed <= 18 for s in steps), "each step stays a small diff"
 
 
 def test_slurm_example_is_valid_bash():
@@ -121,7 +162,8 @@ def equivalence(tmp_path_factory):
               "--no-augment"]
     one = run("train_serial.py", [*common, "--batch-size", 64, "--lr", 0.1,
                                   "--checkpoint", tmp / "one.pt"], nprocs=1, launcher="python")
-    two = run("train_ddp.py", [*common, "--batch-size", 32, "--lr", 0.05,
+    two = run("train_ddp.py", [*common, "--batch-size", 32, "--lr", 0.05, "--warmup-epochs", 0,
+                               "--lr-scaling", "linear", "--max-lr", 1,
                                "--checkpoint", tmp / "two.pt"])
     return one.check(), two.check(), tmp
 
@@ -361,3 +403,70 @@ def test_read_timeline_tolerates_a_cut_file(tmp_path):
                     '{"name": "ALLREDUCE", "ph": "B", "ts": 1000, "pid": 1, "tid": 1},\n'
                     '{"name": "ALLREDUCE", "ph": "E", "ts": 3000, "pid": 1, "tid": 1},\n')
     assert plots.read_timeline(path) == [plots.Span("w", "ALLREDUCE", 0.0, 0.002)]
+
+
+# ------------------------------------------- every process count trains, and exits cleanly
+# Quick data sizes, but enough optimiser steps to tell training from divergence: a run that
+# diverges ends at chance (10 % on Fashion-MNIST), a run that trains well above TRAINS.
+SCALING = ["--n-train", "2048", "--n-test", "512", "--epochs", "3", "--batch-size", "32",
+           "--width", "8"]
+TRAINS = 0.3  # 3 × chance; 4 processes take only 48 steps of the capped learning rate here
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_ddp_script_trains_at_every_process_count(n, launcher):
+    s = summary(run("train_ddp.py", SCALING, nprocs=n, launcher=launcher, timeout=400).check())
+    assert s["world_size"] == n and s["launcher"] == launcher
+    assert s["val_acc"] > TRAINS, f"{n} processes under {launcher}: val_acc {s['val_acc']:.1%}"
+
+
+@needs_horovod
+@pytest.mark.launcher
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_horovod_script_trains_at_every_process_count(n):
+    s = summary(run("train_horovod.py", SCALING, nprocs=n, launcher="mpirun", timeout=400).check())
+    assert s["world_size"] == n
+    assert s["val_acc"] > TRAINS, f"{n} Horovod processes: val_acc {s['val_acc']:.1%}"
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+def test_the_training_threshold_fails_a_diverged_run():
+    """The same job with a learning rate far too large and no warm-up diverges to chance:
+    the threshold above must not let such a run pass."""
+    s = summary(run("train_ddp.py", [*SCALING, "--lr", "0.3", "--max-lr", "1.2",
+                                     "--warmup-epochs", "0"],
+                    nprocs=4).check())
+    assert s["val_acc"] < TRAINS - 0.1
+
+
+def exited_cleanly(result: launch.LaunchResult) -> bool:
+    return result.ok and "terminate called" not in result.output
+
+
+def test_an_abort_at_exit_is_caught():
+    result = launch.run(REPO / "tests" / "jobs" / "abort_at_exit.py", nprocs=1,
+                        launcher="python", timeout=60, echo=False)
+    assert "val_acc" in result.output and not exited_cleanly(result)
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+def test_ddp_script_exits_cleanly_ten_times_in_a_row():
+    """Gloo used to abort at exit in about a third of the runs ("terminate called without an
+    active exception"): a worker thread released the last all-reduced tensor while Python
+    was shutting down. The script now frees its default group, joining those threads."""
+    args = ["--max-steps", "12", "--batch-size", "32", "--width", "16", "--n-train", "832",
+            "--n-test", "512"]
+    bad = []
+    for i in range(10):
+        launcher = ("torchrun", "mpirun")[i % 2]
+        result = run("train_ddp.py", args, launcher=launcher)
+        if not exited_cleanly(result):
+            bad.append(f"run {i + 1} under {launcher}: status {result.returncode}\n"
+                       f"{result.output[-600:]}")
+    assert not bad, f"{len(bad)} of 10 runs did not exit cleanly:\n" + "\n".join(bad)

@@ -55,6 +55,14 @@ def time_one(fn, group) -> float:
 
 
 def bench(sizes, repeats: int, group, comm) -> None:
+    # Warm up every algorithm on every size before timing any: the first calls open
+    # connections and allocate buffers, which would make the smallest message look slow.
+    for numel in sizes:
+        x = torch.randn(numel, device=comm.device)
+        for _ in range(2):
+            collectives.ring_all_reduce(x, comm)
+            collectives.server_all_reduce(x, comm)
+            tdist.all_reduce(x.clone(), group=group)
     for numel in sizes:
         x = torch.randn(numel, device=comm.device)
         algos = {

@@ -7,92 +7,124 @@ torchrun, mpirun, horovodrun, srun or alone:
     mpirun -np 2 python train_ddp.py
 """
 
-import argparse
+import os  # [1]
+import time
+from datetime import timedelta  # [1]
 
+import common
 import torch
+import torch.distributed as dist  # [1]
+import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # [4]
 
-from lab_utils import data, dist, metrics, models, profile  # [1]
+from lab_utils import data, metrics, models, optim  # [5]
+from lab_utils.dist import set_torch_env_from_launcher  # [1]
 from lab_utils.loader import TensorLoader
-from lab_utils.train import StepTimer, Trainer
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    P = profile.current()  # LABS_PROFILE=quick|cpu|gpu picks the defaults
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", choices=data.NAMES,
-                   default=P.pick(quick="fashion-mnist", cpu="fashion-mnist", gpu="cifar10"))
-    p.add_argument("--epochs", type=int, default=P.pick(quick=1, cpu=2, gpu=10))
-    p.add_argument("--batch-size", type=int, default=P.pick(quick=64, cpu=128, gpu=256),
-                   help="samples per step and process")
-    p.add_argument("--lr", type=float, default=0.05,  # [5]
-                   help="learning rate of one process; N processes use N × lr")
-    p.add_argument("--bucket-cap-mb", type=float, default=25.0,  # [4]
-                   help="DDP gradient bucket size in MB")
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--n-train", type=int, default=P.pick(quick=2048, cpu=20000, gpu=0),
-                   help="training images to use (0: all)")
-    p.add_argument("--n-test", type=int, default=P.pick(quick=1024, cpu=5000, gpu=0),
-                   help="test images to use (0: all)")
-    p.add_argument("--width", type=int, default=P.pick(quick=16, cpu=32, gpu=64),
-                   help="channels of the first layer")
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crops and flips (default: on for CIFAR-10 only)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
-    p.add_argument("--checkpoint", default=None, help="save a checkpoint here after every epoch")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.augment is None:
-        args.augment = args.dataset != "fashion-mnist"
-    return args
-
-
-def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    if args.dataset == "fashion-mnist":  # no BatchNorm: see the equivalence test in the notebook
-        return models.build("fmnist_cnn", width=args.width, batch_norm=False)
-    return models.build("resnet_cifar", width=args.width)
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: TensorLoader) -> torch.Tensor:
+    """Sums over the test set: loss, correct predictions, images."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=loader.device)
+    for x, y in loader:
+        out = model(x)
+        sums += torch.stack([F.cross_entropy(out, y, reduction="sum"),
+                             (out.argmax(1) == y).sum(), torch.tensor(len(y), device=x.device)])
+    model.train()
+    dist.all_reduce(sums)  # [7] add up every rank's part of the test set
+    return sums
 
 
 def main() -> None:
-    args = parse_args()
-    info = dist.init()  # [1] join the job: rank, world size, Gloo (CPU) or NCCL (GPU)
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
+                   help="N processes use √N × lr (sqrt) or N × lr (linear)")
+    p.add_argument("--max-lr", type=float, default=0.05,  # [5]
+                   help="cap on the scaled rate (above it this network diverged on 8 processes)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
+                   help="epochs over which the learning rate rises from lr to its scaled value")
+    p.add_argument("--bucket-cap-mb", type=float, default=25.0,  # [4]
+                   help="DDP gradient bucket size in MB")
+    args = common.parse_args(p)
+    # [1] mpirun/srun/horovodrun: set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* as torchrun does
+    launcher = set_torch_env_from_launcher().launcher
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # [1]
+    local_rank = int(os.environ["LOCAL_RANK"])  # [2] this process's index on its machine
     torch.manual_seed(args.seed)
-    device = info.device  # [2] this rank's GPU (cuda:local_rank), or the CPU with cores/ranks threads
+    if torch.cuda.is_available():  # [2] one GPU per process
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:  # [2] or a fair share of the CPU cores
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, os.cpu_count() // int(os.environ["LOCAL_WORLD_SIZE"])))
+    backend = "nccl" if device.type == "cuda" else "gloo"  # [1]
+    timeout = timedelta(seconds=120)  # [1] a collective that waits longer fails the job
+    dist.init_process_group(backend, timeout=timeout)  # [1]
 
     ds = data.load(args.dataset).subset(args.n_train or None, args.n_test or None)
-    # [3] each rank its own shard; the Trainer calls train.set_epoch(e): a new shuffle per epoch
     train = TensorLoader.from_dataset(ds, "train", args.batch_size, seed=args.seed,
                                       augment=args.augment, device=device,
-                                      rank=info.rank, world_size=info.world_size)  # [3]
-    test = TensorLoader.from_dataset(ds, "test", 512, device=device,  # [3] exact evaluation
-                                     rank=info.rank, world_size=info.world_size)
+                                      rank=rank, world_size=world_size)  # [3] my shard
+    test = TensorLoader.from_dataset(ds, "test", 512, device=device,
+                                     rank=rank, world_size=world_size)  # [3] my part
 
-    model = build_model(args).to(device)
-    torch.manual_seed(args.seed + info.rank)  # [2] different augmentations on each rank
-    lr = args.lr * info.world_size  # [5] N× the batch per step: N× the learning rate
-    if info.distributed:  # [4] DDP copies rank 0's weights, then all-reduces gradients in buckets
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=args.bucket_cap_mb)
+    model = common.build_model(args).to(device)
+    torch.manual_seed(args.seed + rank)  # [2] different augmentations on each rank
+    # [4] DDP copies rank 0's weights to all, then all-reduces gradients in buckets. It
+    #     holds its group past destroy_process_group, so it gets a group of its own
+    model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
+                bucket_cap_mb=args.bucket_cap_mb, process_group=dist.new_group(timeout=timeout))
+    # [5] N× the batch per step: a larger learning rate (Lab 3). Linear scaling (N×) diverged
+    #     here on 4 processes or more; square-root scaling (√N×) trained at every N we ran
+    lr = min(optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size,
+                            args.lr_scaling), args.max_lr)  # [5] capped where it diverged
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
-    timer = StepTimer(args.max_steps)
-    trainer = Trainer(model, optimizer, callbacks=[timer], max_seconds=args.max_seconds,
-                      checkpoint_path=args.checkpoint)  # [6] logs and saves on rank 0 only
-    history = trainer.fit(train, args.epochs, val_loader=test)
+    warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, min(1, args.lr / lr)))
 
-    timing = dist.average_metrics({"steps": timer.steps, "seconds": timer.seconds})  # [7]
-    global_batch = args.batch_size * info.world_size
-    samples_per_s = timing["steps"] * global_batch / max(timing["seconds"], 1e-9)
-    summary = {"event": "summary", "script": "ddp", "world_size": info.world_size,
-               "launcher": info.launcher, "steps": trainer.step, "lr": lr,
-               "global_batch": global_batch, "samples_per_s": samples_per_s,
-               "train_loss": history.last["train_loss"], "val_acc": history.last["val_acc"]}
-    metrics.emit(summary)  # [6] rank 0 writes
-    dist.print0(f"{trainer.step} steps, {samples_per_s:.0f} samples/s, "  # [6]
-                f"val_acc {summary['val_acc']:.2%}")
-    dist.shutdown()  # [1] barrier, then leave the process group
+    step, start = 0, time.perf_counter()
+    for epoch in range(args.epochs):
+        train.set_epoch(epoch)  # a new shuffle every epoch
+        train_sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, steps
+        for x, y in train:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()  # [5]
+            step += 1
+            train_sums += torch.stack([loss.detach().double(), torch.ones((), device=device)])
+            if step == 1:
+                start = time.perf_counter()  # time from the second step: the first warms up
+            if step == args.max_steps:
+                break
+        seconds = time.perf_counter() - start
+        dist.all_reduce(train_sums)  # [7] the loss averaged over all ranks
+        loss_sum, n_steps = train_sums.tolist()
+        test_loss, correct, n = evaluate(model.module, test).tolist()  # [4] unwrapped
+        if rank == 0:  # [6] one rank reports
+            print(f"epoch {epoch + 1}: train_loss {loss_sum / n_steps:.4f}  "
+                  f"val_loss {test_loss / n:.4f}  val_acc {correct / n:.2%}", flush=True)
+        if step == args.max_steps:
+            break
 
+    if args.checkpoint and rank == 0:  # [6] one rank saves
+        models.save(args.checkpoint, model.module)
+    global_batch = args.batch_size * world_size  # [7] samples per step, all ranks together
+    samples_per_s = (step - 1) * global_batch / max(seconds, 1e-9)
+    summary = {"event": "summary", "script": "ddp", "world_size": world_size, "launcher": launcher,
+               "steps": step, "lr": lr, "global_batch": global_batch, "samples_per_s": samples_per_s,
+               "train_loss": loss_sum / n_steps, "val_acc": correct / n}
+    if rank == 0:  # [6] one rank writes and prints
+        metrics.emit(summary)
+        print(f"{step} steps, {samples_per_s:.0f} samples/s, val_acc {correct / n:.2%}",
+              flush=True)
+    # [1] leave together, then free the default group: its Gloo threads are joined now, while
+    #     Python is alive, not at exit (where releasing our last tensors aborts the process)
+    dist.barrier()
+    dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()

@@ -6,94 +6,108 @@ train_serial.py made data-parallel with Horovod; each change is marked [1]..[7].
     mpirun -np 2 python train_horovod.py
 """
 
-import argparse
+import os  # [2]
+import time
 
+import common
 import horovod.torch as hvd  # [1]
 import torch
+import torch.nn.functional as F
 
-from lab_utils import data, dist, metrics, models, profile  # [1]
+from lab_utils import data, metrics, models, optim  # [5]
+from lab_utils.dist import detect  # [6]
 from lab_utils.loader import TensorLoader
-from lab_utils.train import StepTimer, Trainer
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    P = profile.current()  # LABS_PROFILE=quick|cpu|gpu picks the defaults
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", choices=data.NAMES,
-                   default=P.pick(quick="fashion-mnist", cpu="fashion-mnist", gpu="cifar10"))
-    p.add_argument("--epochs", type=int, default=P.pick(quick=1, cpu=2, gpu=10))
-    p.add_argument("--batch-size", type=int, default=P.pick(quick=64, cpu=128, gpu=256),
-                   help="samples per step and process")
-    p.add_argument("--lr", type=float, default=0.05,  # [5]
-                   help="learning rate of one process; N processes use N × lr")
-    p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--n-train", type=int, default=P.pick(quick=2048, cpu=20000, gpu=0),
-                   help="training images to use (0: all)")
-    p.add_argument("--n-test", type=int, default=P.pick(quick=1024, cpu=5000, gpu=0),
-                   help="test images to use (0: all)")
-    p.add_argument("--width", type=int, default=P.pick(quick=16, cpu=32, gpu=64),
-                   help="channels of the first layer")
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crops and flips (default: on for CIFAR-10 only)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
-    p.add_argument("--checkpoint", default=None, help="save a checkpoint here after every epoch")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.augment is None:
-        args.augment = args.dataset != "fashion-mnist"
-    return args
-
-
-def build_model(args: argparse.Namespace) -> torch.nn.Module:
-    if args.dataset == "fashion-mnist":  # no BatchNorm: see the equivalence test in the notebook
-        return models.build("fmnist_cnn", width=args.width, batch_norm=False)
-    return models.build("resnet_cifar", width=args.width)
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader: TensorLoader) -> torch.Tensor:
+    """Sums over the test set: loss, correct predictions, images."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=loader.device)
+    for x, y in loader:
+        out = model(x)
+        sums += torch.stack([F.cross_entropy(out, y, reduction="sum"),
+                             (out.argmax(1) == y).sum(), torch.tensor(len(y), device=x.device)])
+    model.train()
+    return hvd.allreduce(sums, op=hvd.Sum, name="eval")  # [7] add up every rank's part
 
 
 def main() -> None:
-    args = parse_args()
-    hvd.init()  # [1] Horovod's own communication (MPI or Gloo), started by horovodrun or mpirun
+    p = common.parser(__doc__.splitlines()[0])
+    p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
+                   help="N processes use √N × lr (sqrt) or N × lr (linear)")
+    p.add_argument("--max-lr", type=float, default=0.05,  # [5]
+                   help="cap on the scaled rate (above it this network diverged on 8 processes)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
+                   help="epochs over which the learning rate rises from lr to its scaled value")
+    args = common.parse_args(p)
+    hvd.init()  # [1] Horovod's own communication (MPI or Gloo): no torch process group
     torch.manual_seed(args.seed)
-    device = profile.device()  # [2] pin: one GPU per process, cuda:hvd.local_rank()
-    if device.type == "cuda":
-        torch.cuda.set_device(hvd.local_rank())  # [2]
+    if torch.cuda.is_available():  # [2] one GPU per process
+        device = torch.device("cuda", hvd.local_rank())
+        torch.cuda.set_device(device)
+    else:  # [2] or a fair share of the CPU cores
+        device = torch.device("cpu")
+        torch.set_num_threads(max(1, os.cpu_count() // hvd.local_size()))
 
     ds = data.load(args.dataset).subset(args.n_train or None, args.n_test or None)
-    # [3] each rank its own shard; the Trainer calls train.set_epoch(e): a new shuffle per epoch
     train = TensorLoader.from_dataset(ds, "train", args.batch_size, seed=args.seed,
                                       augment=args.augment, device=device,
-                                      rank=hvd.rank(), world_size=hvd.size())  # [3]
-    test = TensorLoader.from_dataset(ds, "test", 512, device=device,  # [3] exact evaluation
-                                     rank=hvd.rank(), world_size=hvd.size())
+                                      rank=hvd.rank(), world_size=hvd.size())  # [3] my shard
+    test = TensorLoader.from_dataset(ds, "test", 512, device=device,
+                                     rank=hvd.rank(), world_size=hvd.size())  # [3] my part
 
-    model = build_model(args).to(device)
+    model = common.build_model(args).to(device)
     torch.manual_seed(args.seed + hvd.rank())  # [2] different augmentations on each rank
-    lr = args.lr * hvd.size()  # [5] N× the batch per step: N× the learning rate
+    # [5] N× the batch per step: a larger learning rate, √N× by default (see train_ddp.py)
+    lr = min(optim.scale_lr(args.lr, args.batch_size, args.batch_size * hvd.size(),
+                            args.lr_scaling), args.max_lr)  # [5] capped where it diverged
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
     # [4] average gradients with all-reduce during backward; start every rank from rank 0's state
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # [4]
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # [4]
-    timer = StepTimer(args.max_steps)
-    trainer = Trainer(model, optimizer, callbacks=[timer], max_seconds=args.max_seconds,
-                      checkpoint_path=args.checkpoint)  # [6] logs and saves on rank 0 only
-    history = trainer.fit(train, args.epochs, val_loader=test)
+    warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, min(1, args.lr / lr)))
 
-    timing = hvd.allreduce(torch.tensor([timer.steps, timer.seconds], dtype=torch.float64),
-                           op=hvd.Average, name="timing")  # [7] averaged over ranks
-    global_batch = args.batch_size * hvd.size()
-    samples_per_s = float(timing[0]) * global_batch / max(float(timing[1]), 1e-9)
-    summary = {"event": "summary", "script": "horovod", "world_size": hvd.size(),
-               "launcher": dist.detect().launcher, "steps": trainer.step, "lr": lr,
-               "global_batch": global_batch, "samples_per_s": samples_per_s,
-               "train_loss": history.last["train_loss"], "val_acc": history.last["val_acc"]}
-    metrics.emit(summary)  # [6] rank 0 writes
-    if hvd.rank() == 0:  # [6]
-        print(f"{trainer.step} steps, {samples_per_s:.0f} samples/s, "
-              f"val_acc {summary['val_acc']:.2%}", flush=True)
+    step, start = 0, time.perf_counter()
+    for epoch in range(args.epochs):
+        train.set_epoch(epoch)  # a new shuffle every epoch
+        train_sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, steps
+        for x, y in train:
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()  # [5]
+            step += 1
+            train_sums += torch.stack([loss.detach().double(), torch.ones((), device=device)])
+            if step == 1:
+                start = time.perf_counter()  # time from the second step: the first warms up
+            if step == args.max_steps:
+                break
+        seconds = time.perf_counter() - start
+        train_sums = hvd.allreduce(train_sums, op=hvd.Sum, name="train_loss")  # [7]
+        loss_sum, n_steps = train_sums.tolist()
+        test_loss, correct, n = evaluate(model, test).tolist()
+        if hvd.rank() == 0:  # [6] one rank reports
+            print(f"epoch {epoch + 1}: train_loss {loss_sum / n_steps:.4f}  "
+                  f"val_loss {test_loss / n:.4f}  val_acc {correct / n:.2%}", flush=True)
+        if step == args.max_steps:
+            break
 
+    if args.checkpoint and hvd.rank() == 0:  # [6] one rank saves
+        models.save(args.checkpoint, model)
+    global_batch = args.batch_size * hvd.size()  # [7] samples per step, all ranks together
+    samples_per_s = (step - 1) * global_batch / max(seconds, 1e-9)
+    summary = {"event": "summary", "script": "horovod", "world_size": hvd.size(), "launcher": detect().launcher,
+               "steps": step, "lr": lr, "global_batch": global_batch, "samples_per_s": samples_per_s,
+               "train_loss": loss_sum / n_steps, "val_acc": correct / n}
+    if hvd.rank() == 0:  # [6] one rank writes and prints
+        metrics.emit(summary)
+        print(f"{step} steps, {samples_per_s:.0f} samples/s, val_acc {correct / n:.2%}",
+              flush=True)
 
 if __name__ == "__main__":
     main()
