@@ -140,6 +140,16 @@ def stop_tree(proc: subprocess.Popen, grace_s: float = 15) -> None:
 
 
 @contextlib.contextmanager
+def screenshot_on_failure(page: Any, folder: Path) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=folder / "failure.png", full_page=True)
+        raise
+
+
+@contextlib.contextmanager
 def browser_page(lab: Lab, tmp: Path) -> Iterator[Any]:
     """A Chromium page with a fresh profile; console errors collect in ``lab.console``."""
     from playwright.sync_api import sync_playwright
@@ -164,15 +174,15 @@ def browser_page(lab: Lab, tmp: Path) -> Iterator[Any]:
 # ----------------------------------------------------------------------------- JupyterLab UI
 def open_notebook(page: Any, lab: Lab, path: str) -> None:
     page.goto(f"{lab.url}/lab/tree/{path}?token={lab.token}")
-    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+    page.wait_for_selector(".jp-NotebookPanel .jp-CodeCell", timeout=120_000)
     wait_kernel_idle(page, 120)
 
 
 def wait_kernel_idle(page: Any, timeout: float) -> None:
+    """Wait for the status bar's "Python 3 (ipykernel) | Idle"."""
     page.wait_for_function(
-        "() => { const s = document.querySelector('.jp-NotebookPanel .jp-Toolbar "
-        "[data-jp-item-name=\"kernelStatus\"], .jp-Notebook-ExecutionIndicator');"
-        " return s && s.getAttribute('data-status') === 'idle'; }", timeout=timeout * 1000)
+        "() => { const s = document.querySelector('#jp-main-statusbar');"
+        " return s && /ipykernel\\) \\| Idle/.test(s.textContent); }", timeout=timeout * 1000)
 
 
 def menu(page: Any, top: str, item: str) -> None:

@@ -23,6 +23,7 @@ from browser import (
     jupyter_lab,
     menu,
     open_notebook,
+    screenshot_on_failure,
     wait_all_run,
     wait_kernel_idle,
 )
@@ -81,7 +82,7 @@ def test_course_settings_installed():
 
 def test_lab1_explorer_in_browser(tmp_path, artifacts):
     with jupyter_lab(tmp_path) as lab:
-        with browser_page(lab, tmp_path) as page:
+        with browser_page(lab, tmp_path) as page, screenshot_on_failure(page, artifacts):
             open_notebook(page, lab, LAB1)
             page.screenshot(path=artifacts / "01-opened.png")
             # First start: no pop-up (news, updates, kernel choice) covers the notebook.
@@ -107,8 +108,13 @@ def test_lab1_explorer_in_browser(tmp_path, artifacts):
                 "([el, before]) => { const i = el.querySelector('.jp-OutputArea-output img');"
                 " return i && i.getAttribute('src') !== before; }",
                 arg=[explorer.element_handle(), before], timeout=60_000)
-            explorer.screenshot(path=artifacts / "04-explorer-after.png")
             wait_kernel_idle(page, 60)
+            readout = explorer.locator(".widget-readout").first.inner_text().strip()
+            assert readout != "16", "the batch-size slider did not move"
+            page.wait_for_function(
+                "([el, b]) => el.textContent.includes('B = ' + b + ',')",
+                arg=[explorer.element_handle(), readout], timeout=60_000)
+            explorer.screenshot(path=artifacts / "04-explorer-after.png")
             assert error_outputs(page) == []
         errors = [m for m in lab.console if not BENIGN_CONSOLE.search(m)]
         assert errors == [], f"browser console errors: {errors}"
@@ -119,7 +125,7 @@ def test_lab1_explorer_in_browser(tmp_path, artifacts):
 
 def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
     with jupyter_lab(tmp_path) as lab:
-        with browser_page(lab, tmp_path) as page:
+        with browser_page(lab, tmp_path) as page, screenshot_on_failure(page, artifacts):
             open_notebook(page, lab, LAB2)
             run_all(page, LAB2, artifacts, timeout=300)
             page.screenshot(path=artifacts / "01-ran-all.png", full_page=True)

@@ -114,24 +114,35 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     timer = StepTimer(0)
     start = time.perf_counter()
-    history = Trainer(model, optimizer, callbacks=[timer], progress=False).fit(
-        train, args["epochs"], val_loader=test)
+    trainer = Trainer(model, optimizer, callbacks=[timer], progress=False)
+    history = trainer.fit(train, args["epochs"], val_loader=test)
     # Where this rank ran: a Spark executor's working folder is <work dir>/<app>/<executor id>.
     cwd = os.getcwd()
     return {"rank": hvd.rank(), "size": hvd.size(), "host": socket.gethostname(),
             "pid": os.getpid(), "executor_id": os.path.basename(cwd), "cwd": cwd,
-            "steps": timer.steps, "seconds": time.perf_counter() - start, "lr": lr,
+            "steps": trainer.step, "seconds": time.perf_counter() - start, "lr": lr,
             "train_loss": history.last["train_loss"], "val_acc": history.last["val_acc"]}
 
 
 # ----------------------------------------------------------------------------- driver
-def where_tasks_ran(spark: Any) -> list[dict[str, Any]]:
-    """The Spark UI's record of the Horovod job: each task's executor and host."""
+def _api(spark: Any) -> str:
     sc = spark.sparkContext
-    api = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
+    return f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
+
+
+def stage_ids(spark: Any) -> set[int]:
+    return {s["stageId"] for s in spark_cluster.get_json(f"{_api(spark)}/stages")}
+
+
+def where_tasks_ran(spark: Any, before: set[int]) -> list[dict[str, Any]]:
+    """The Spark UI's record (its REST API) of the stages run since ``before``: each
+    task's executor and host."""
+    api = _api(spark)
     executors = {e["id"]: e["hostPort"] for e in spark_cluster.get_json(f"{api}/executors")}
     rows = []
-    for stage in spark_cluster.get_json(f"{api}/stages?status=complete"):
+    for stage in spark_cluster.get_json(f"{api}/stages"):
+        if stage["stageId"] in before:
+            continue
         url = f"{api}/stages/{stage['stageId']}/{stage['attemptId']}/taskList?length=100"
         for t in spark_cluster.get_json(url):
             rows.append({"stage": stage["stageId"], "stage_name": stage["name"].split(" at ")[0],
@@ -181,6 +192,7 @@ def run(args: argparse.Namespace, master: str) -> dict[str, Any]:
                   flush=True)
             hparams = {k: getattr(args, k) for k in
                        ("epochs", "batch_size", "lr", "weight_decay", "width", "seed")}
+            before = stage_ids(spark)
             start = time.perf_counter()
             # One Spark job of num_proc tasks; each task starts one Horovod rank (Gloo).
             results = horovod.spark.run(
@@ -188,7 +200,7 @@ def run(args: argparse.Namespace, master: str) -> dict[str, Any]:
                 num_proc=args.num_proc, use_gloo=True, start_timeout=int(args.timeout),
                 env=dict(os.environ), verbose=1)
             elapsed = time.perf_counter() - start
-            tasks = where_tasks_ran(spark)
+            tasks = where_tasks_ran(spark, before)
     finally:
         spark.stop()
     return {"results": results, "tasks": tasks, "elapsed": elapsed, "counts": counts}
