@@ -153,8 +153,9 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
             menu(page, "Kernel", "Interrupt Kernel")
             wait_kernel_idle(page, 60)
             page.screenshot(path=artifacts / "03-interrupted.png")
+            # (Shift+Enter added an empty cell below the interrupted one)
             assert "KeyboardInterrupt" in page.eval_on_selector(
-                ".jp-NotebookPanel .jp-Cell:last-child", "e => e.textContent")
+                ".jp-NotebookPanel .jp-Cell:nth-last-child(2)", "e => e.textContent")
             deadline = time.monotonic() + 30
             left = [p for p in lab.processes() if p.is_running()
                     and re.search(r"ring_check|torch\.distributed\.run|lab_utils\.reaper",
