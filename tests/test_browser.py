@@ -156,6 +156,8 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
             # (Shift+Enter added an empty cell below the interrupted one)
             assert "KeyboardInterrupt" in page.eval_on_selector(
                 ".jp-NotebookPanel .jp-Cell:nth-last-child(2)", "e => e.textContent")
+            # The check that found no error after Run All does see this traceback.
+            assert any("KeyboardInterrupt" in e for e in error_outputs(page))
             deadline = time.monotonic() + 30
             left = [p for p in lab.processes() if p.is_running()
                     and re.search(r"ring_check|torch\.distributed\.run|lab_utils\.reaper",
