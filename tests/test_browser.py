@@ -115,6 +115,8 @@ def test_lab1_explorer_in_browser(tmp_path, artifacts):
                 "([el, b]) => el.textContent.includes('B = ' + b + ',')",
                 arg=[explorer.element_handle(), readout], timeout=60_000)
             explorer.screenshot(path=artifacts / "04-explorer-after.png")
+            # Still no pop-up (JupyterLab asks about news a few seconds after start).
+            assert page.locator(".jp-toast-message, .jp-Dialog").count() == 0
             assert error_outputs(page) == []
         errors = [m for m in lab.console if not BENIGN_CONSOLE.search(m)]
         assert errors == [], f"browser console errors: {errors}"
@@ -133,6 +135,9 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
             text = page.eval_on_selector(".jp-NotebookPanel .jp-Notebook", "e => e.textContent")
             ranks = set(re.findall(r"\brank (\d+)[\]:]", text))
             assert ranks >= {"0", "1"}, "no rank-tagged output from both ranks in the notebook"
+            tagged = page.locator(".jp-OutputArea-output", has_text=re.compile(r"rank 1[\]:]")).first
+            tagged.scroll_into_view_if_needed()
+            tagged.screenshot(path=artifacts / "02-rank-output.png")
 
             # A long job, started from a new cell like a student would, then interrupted.
             page.locator(".jp-Cell").last.click()
@@ -149,10 +154,10 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
                 assert time.monotonic() < deadline, "the job never started"
                 time.sleep(0.5)
             time.sleep(3)  # the ranks are at work
-            page.screenshot(path=artifacts / "02-job-running.png")
+            page.screenshot(path=artifacts / "03-job-running.png")
             menu(page, "Kernel", "Interrupt Kernel")
             wait_kernel_idle(page, 60)
-            page.screenshot(path=artifacts / "03-interrupted.png")
+            page.screenshot(path=artifacts / "04-interrupted.png")
             # (Shift+Enter added an empty cell below the interrupted one)
             assert "KeyboardInterrupt" in page.eval_on_selector(
                 ".jp-NotebookPanel .jp-Cell:nth-last-child(2)", "e => e.textContent")
