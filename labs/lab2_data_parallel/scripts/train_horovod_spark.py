@@ -198,7 +198,8 @@ def run(args: argparse.Namespace, master: str) -> dict[str, Any]:
             results = horovod.spark.run(
                 train_fn, args=(hparams, str(store / "fashion_mnist.parquet"), ds.mean, ds.std),
                 num_proc=args.num_proc, use_gloo=True, start_timeout=int(args.timeout),
-                env=dict(os.environ), verbose=1)
+                env=dict(os.environ), verbose=1,
+                stdout=sys.stdout, stderr=sys.stderr)  # ranks' output, tagged [rank]<stdout>:
             elapsed = time.perf_counter() - start
             tasks = where_tasks_ran(spark, before)
     finally:
