@@ -101,6 +101,13 @@ def jupyter_lab(tmp: Path, timeout: float = 120) -> Iterator[Lab]:
                JUPYTERLAB_SETTINGS_DIR=str(home / "user-settings"),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
                                           if p))
+    # Running a notebook must not rewrite the course's copy: no autosave in this fresh
+    # profile, and whatever was saved anyway is put back on the way out.
+    plugin = home / "user-settings" / "@jupyterlab" / "docmanager-extension"
+    plugin.mkdir(parents=True)
+    (plugin / "plugin.jupyterlab-settings").write_text('{"autosave": false}')
+    notebooks = {p: p.read_bytes() for p in (REPO / "labs").rglob("*.ipynb")
+                 if ".ipynb_checkpoints" not in p.parts}
     cmd = [*make_lab_command(), "--no-browser", f"--port={port}", "--ip=127.0.0.1",
            f"--IdentityProvider.token={token}"]
     log = tmp / "jupyterlab.log"
@@ -122,6 +129,9 @@ def jupyter_lab(tmp: Path, timeout: float = 120) -> Iterator[Lab]:
         yield lab
     finally:
         stop_tree(proc)
+        for path, content in notebooks.items():
+            if path.read_bytes() != content:
+                path.write_bytes(content)
         for p in marked_processes(marker):  # strays that left the server's tree
             with contextlib.suppress(psutil.Error):
                 p.kill()

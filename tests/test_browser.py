@@ -111,9 +111,14 @@ def test_lab1_explorer_in_browser(tmp_path, artifacts):
             wait_kernel_idle(page, 60)
             readout = explorer.locator(".widget-readout").first.inner_text().strip()
             assert readout != "16", "the batch-size slider did not move"
-            page.wait_for_function(
-                "([el, b]) => el.textContent.includes('B = ' + b + ',')",
-                arg=[explorer.element_handle(), readout], timeout=60_000)
+            # Each key press redraws: wait until the last figure stays (kernel idle, src stable).
+            src, stable_since = image.get_attribute("src"), time.monotonic()
+            while time.monotonic() - stable_since < 3:
+                time.sleep(0.5)
+                now = explorer.locator(".jp-OutputArea-output img").first.get_attribute("src")
+                if now != src:
+                    src, stable_since = now, time.monotonic()
+            wait_kernel_idle(page, 60)
             explorer.screenshot(path=artifacts / "04-explorer-after.png")
             # Still no pop-up (JupyterLab asks about news a few seconds after start).
             assert page.locator(".jp-toast-message, .jp-Dialog").count() == 0
