@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -51,7 +52,8 @@ BENIGN_CONSOLE = re.compile(r"favicon|WebSocket is already in CLOSING or CLOSED"
 def artifacts(request: pytest.FixtureRequest) -> Path:
     base = Path(os.environ.get("LABS_TEST_ARTIFACTS", REPO / "runs" / "test-artifacts"))
     folder = base / "browser" / request.node.name
-    folder.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(folder, ignore_errors=True)  # only this run's screenshots
+    folder.mkdir(parents=True)
     print(f"browser screenshots: {folder}")
     return folder
 
