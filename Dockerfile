@@ -17,7 +17,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # The image's own OpenMPI comes first on PATH, so Horovod is built and run with it.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap \
+        openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless \
     && rm -rf /var/lib/apt/lists/*
 
 # Keep the image's torch whatever pip resolves below. NGC images from 25.03 on
@@ -39,7 +39,10 @@ RUN HOROVOD_GPU_OPERATIONS=NCCL bash scripts/build_horovod.sh
 # uses the image's setuptools under the same constraints.
 COPY . .
 RUN pip install "setuptools>=64" \
-    && pip install --no-build-isolation -e '.[lab]'
+    && pip install --no-build-isolation -e '.[lab,spark]' \
+    && mkdir -p "$(python -c 'import sys; print(sys.prefix)')/share/jupyter/lab/settings" \
+    && cp scripts/jupyterlab-overrides.json \
+        "$(python -c 'import sys; print(sys.prefix)')/share/jupyter/lab/settings/overrides.json"
 
 # The image runs as root; OpenMPI needs these to start as root, and to start
 # more ranks than cores.

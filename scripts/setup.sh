@@ -6,6 +6,7 @@
 #   3. PyTorch (an importable torch is kept as it is);
 #   4. this package with its dev extras (pip install -e '.[dev]');
 #   5. Horovod with PyTorch, MPI and Gloo (scripts/build_horovod.sh).
+# and ships the course's JupyterLab settings (scripts/jupyterlab-overrides.json).
 #
 # Environment:
 #   LABS_SKIP_HOROVOD=1     do not build Horovod (the Horovod parts of the labs are skipped)
@@ -18,7 +19,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Debian packages the labs need; Dockerfile and environment.yml name the same
 # (checked by tests/test_setup_files.py).
-APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap"
+APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless"
+# Debian's browser, for the tests that drive JupyterLab (tests/test_browser.py); not in
+# the Dockerfile (Ubuntu's chromium is a snap) nor in environment.yml.
+BROWSER_APT_PACKAGES="chromium"
 # Only when the python3 found cannot make a venv or lacks the headers Horovod compiles against.
 PYTHON_APT_PACKAGES="python3 python3-venv python3-dev"
 
@@ -41,7 +45,7 @@ is_root() { [[ $(id -u) -eq 0 ]]; }
 
 missing_apt_packages() {
     local pkg python_packages missing=()
-    for pkg in $APT_PACKAGES; do
+    for pkg in $APT_PACKAGES $BROWSER_APT_PACKAGES; do
         [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] \
             || missing+=("$pkg")
     done
@@ -137,8 +141,10 @@ step_package() {
         say "[4/5] lab_utils with dev extras: already installed (pyproject.toml unchanged)"
         return
     fi
-    say "[4/5] lab_utils with dev extras: pip install -e '.[dev]'"
-    "$PY" -m pip install --quiet -e '.[dev]'
+    # spark: pyspark + pyarrow (~660 MB) for Horovod on Spark; browser: Playwright for
+    # tests/test_browser.py (it drives Debian's chromium and downloads no browser).
+    say "[4/5] lab_utils with dev extras: pip install -e '.[dev,spark,browser]'"
+    "$PY" -m pip install --quiet -e '.[dev,spark,browser]'
     pyproject_hash >"$STAMP"
     ENVIRONMENT_CHANGED=1
 }
@@ -169,10 +175,23 @@ step_horovod() {
     PYTHON=$PY bash scripts/build_horovod.sh
 }
 
+# The course's JupyterLab settings (no news pop-up, no update check): JupyterLab reads
+# overrides.json from the environment's share/jupyter/lab/settings.
+step_lab_settings() {
+    local target=$VENV/share/jupyter/lab/settings/overrides.json
+    if cmp -s scripts/jupyterlab-overrides.json "$target"; then
+        return
+    fi
+    mkdir -p "$(dirname "$target")"
+    cp scripts/jupyterlab-overrides.json "$target"
+    say "JupyterLab course settings: installed $target"
+}
+
 start=$SECONDS
 step_system_packages
 step_venv
 step_torch
 step_package
 step_horovod
+step_lab_settings
 say "done in $((SECONDS - start)) s"

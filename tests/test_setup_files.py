@@ -32,6 +32,7 @@ CONDA_NAME_OF_APT_PACKAGE = {
     "cmake": "cmake",
     "g++": "cxx-compiler",
     "bubblewrap": None,  # a system tool with no conda package (environment.yml says so)
+    "openjdk-17-jre-headless": "openjdk",
 }
 
 HOROVOD_FLAG = re.compile(r"\b(HOROVOD_[A-Z_]+)=(\S+)")
@@ -178,9 +179,9 @@ def test_dockerfile_keeps_the_pip_constraints_and_torch() -> None:
     installs = [
         args
         for keyword, args in dockerfile_instructions()
-        if keyword == "RUN" and "-e '.[lab]'" in args
+        if keyword == "RUN" and re.search(r"-e '\.\[lab[],]", args)
     ]
-    assert installs, "the Dockerfile must pip install -e '.[lab]'"
+    assert installs, "the Dockerfile must pip install -e '.[lab,...]'"
 
 
 @pytest.mark.parametrize("path", [DOCKERFILE, ENVIRONMENT_YML], ids=lambda p: p.name)
@@ -211,8 +212,8 @@ def test_environment_has_the_lab_stack_and_the_package() -> None:
     assert wanted <= names, f"environment.yml lacks {sorted(wanted - names)}"
     assert "python=3.11" in env["dependencies"]
     pip_sections = [entry["pip"] for entry in env["dependencies"] if isinstance(entry, dict)]
-    assert pip_sections and "-e .[dev]" in pip_sections[0], (
-        "environment.yml must pip install -e .[dev]"
+    assert pip_sections and any(re.fullmatch(r"-e \.\[dev[],].*", e) for e in pip_sections[0]), (
+        "environment.yml must pip install -e .[dev,...]"
     )
 
 
@@ -226,3 +227,32 @@ def test_environment_covers_the_setup_packages() -> None:
         if apt in apt_packages() and conda is not None and conda not in names
     }
     assert not missing, f"environment.yml lacks the conda packages for {missing}"
+
+
+def extras(text: str, prefix: str) -> set[str]:
+    """The extras of every `-e .[a,b]` install in ``text`` after ``prefix``."""
+    found = re.findall(re.escape(prefix) + r"\.\[([a-z,]+)\]", text)
+    assert found, f"no {prefix}.[...] install found"
+    return {x for group in found for x in group.split(",")}
+
+
+def test_spark_extra_and_java_everywhere() -> None:
+    """Horovod on Spark needs the spark extra and Java 17 wherever the labs are set up."""
+    assert "spark" in extras(SETUP_SH.read_text(), "-e '")
+    assert "browser" in extras(SETUP_SH.read_text(), "-e '")
+    assert "spark" in extras(DOCKERFILE.read_text(), "-e '")
+    assert "spark" in extras(ENVIRONMENT_YML.read_text(), "-e ")
+    assert "openjdk-17-jre-headless" in apt_packages()
+    assert "chromium" in shell_variable(SETUP_SH, "BROWSER_APT_PACKAGES").split()
+
+
+def test_jupyterlab_settings_are_shipped() -> None:
+    """setup.sh and the Dockerfile both install the course's overrides.json."""
+    import json
+
+    settings = json.loads((ROOT / "scripts" / "jupyterlab-overrides.json").read_text())
+    assert settings["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
+    for path in (SETUP_SH, DOCKERFILE):
+        text = path.read_text()
+        assert "scripts/jupyterlab-overrides.json" in text, f"{path.name} does not ship it"
+        assert "share/jupyter/lab/settings" in text

@@ -1,0 +1,206 @@
+"""A Spark standalone cluster on this machine: one master and N workers on 127.0.0.1.
+
+The JVMs come from the ``pyspark`` package itself (its ``bin/spark-class``), so no
+separate Spark download is needed, only Java 17+. Used as a context manager::
+
+    with spark_cluster.local_cluster(workers=2) as cluster:
+        spark = SparkSession.builder.master(cluster.url).getOrCreate()
+        ...
+
+Leaving the block, normally, by an exception or by Ctrl-C, stops every process the
+cluster started: the master, the workers, the executors they launched and the
+executors' Python workers. On a real cluster the same code only changes
+``cluster.url`` for ``spark://host:7077``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HOST = "127.0.0.1"
+
+
+class SparkClusterError(RuntimeError):
+    """The cluster could not start (no Java, no pyspark, a JVM exited); says why."""
+
+
+def spark_home() -> Path:
+    """The Spark distribution inside the installed ``pyspark`` package."""
+    try:
+        import pyspark
+    except ImportError as e:
+        raise SparkClusterError("pyspark is not installed: run `make setup` "
+                                "(or pip install 'labs[spark]')") from e
+    home = Path(pyspark.__file__).resolve().parent
+    if not (home / "bin" / "spark-class").exists():
+        raise SparkClusterError(f"{home} has no bin/spark-class: reinstall pyspark")
+    return home
+
+
+def java() -> str:
+    """The ``java`` that Spark will use (``JAVA_HOME`` first, then ``PATH``)."""
+    home = os.environ.get("JAVA_HOME")
+    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not found or not Path(found).exists():
+        raise SparkClusterError("Spark needs Java 17 or newer: apt-get install "
+                                "openjdk-17-jre-headless (run `make setup` as root)")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 30.0) -> Any:
+    """GET a JSON document (the master's ``/json/`` or a driver's REST API)."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (local URL)
+        return json.load(r)
+
+
+@dataclass
+class Cluster:
+    """A running local cluster: where to connect and what it started."""
+
+    url: str  # spark://127.0.0.1:PORT, what SparkSession.builder.master() takes
+    ui_url: str  # the master's web UI (its JSON view: ui_url + "/json/")
+    work_dir: Path  # executors' folders: work_dir/app-.../<executor id>/
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def state(self) -> dict[str, Any]:
+        """The master's view: workers (id, host, cores, state) and applications."""
+        return get_json(self.ui_url + "/json/")
+
+    def alive_workers(self) -> list[dict[str, Any]]:
+        return [w for w in self.state().get("workers", []) if w.get("state") == "ALIVE"]
+
+    def processes(self) -> list[psutil.Process]:
+        """Every live process of the cluster: JVMs, executors, Python workers."""
+        found: list[psutil.Process] = []
+        for p in self.procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                top = psutil.Process(p.pid)
+                found += [top, *top.children(recursive=True)]
+        return [p for p in found if _alive(p)]
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop workers and master with everything below them; wait until all are gone."""
+        for p in reversed(self.procs):  # workers first: the master then sees them leave
+            with contextlib.suppress(psutil.NoSuchProcess):
+                _terminate_tree(psutil.Process(p.pid), grace_s)
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=grace_s)
+        # Each JVM was started in a session of its own: sweep the groups for strays.
+        for p in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, 9)
+
+    def tail(self, lines: int = 30) -> str:
+        """The end of each JVM's log, to say why something failed."""
+        out = []
+        for log in self.logs:
+            with contextlib.suppress(OSError):
+                text = log.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {log.name}\n" + "\n".join(text))
+        return "\n".join(out)
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _terminate_tree(top: psutil.Process, grace_s: float) -> None:
+    try:
+        procs = [top, *top.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, left = psutil.wait_procs(procs, timeout=grace_s)
+    for p in left:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(left, timeout=grace_s)
+
+
+def _start(cluster: Cluster, name: str, args: Sequence[str], env: dict[str, str]) -> None:
+    log = cluster.work_dir / f"{name}.log"
+    cluster.logs.append(log)
+    with open(log, "wb") as f:
+        # A session of its own: Ctrl-C in a notebook reaches our code, which stops the
+        # cluster in order, rather than killing the JVMs half-way through a job.
+        proc = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args],
+                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+    cluster.procs.append(proc)
+
+
+def _wait(cluster: Cluster, what: str, ready: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for p in cluster.procs:
+            if p.poll() is not None:
+                raise SparkClusterError(f"a Spark JVM exited with status {p.returncode} while "
+                                        f"waiting for {what}:\n{cluster.tail()}")
+        with contextlib.suppress(OSError, ValueError):
+            if ready():
+                return
+        time.sleep(0.5)
+    raise SparkClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
+
+
+@contextlib.contextmanager
+def local_cluster(workers: int = 2, cores: int = 1, memory: str = "1g",
+                  work_dir: str | os.PathLike | None = None,
+                  timeout: float = 120.0) -> Iterator[Cluster]:
+    """Start a master and ``workers`` workers (``cores`` and ``memory`` each) on
+    127.0.0.1; yield the :class:`Cluster`; stop all of it on the way out."""
+    if workers < 1 or cores < 1:
+        raise ValueError(f"need workers >= 1 and cores >= 1, got {workers} and {cores}")
+    java()  # a clear message now rather than a JVM that cannot start
+    own_dir = work_dir is None
+    wd = Path(tempfile.mkdtemp(prefix="labs-spark-")) if own_dir else Path(work_dir)
+    wd.mkdir(parents=True, exist_ok=True)
+    port, ui_port = free_port(), free_port()
+    env = dict(os.environ)
+    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=HOST, SPARK_LOCAL_HOSTNAME=HOST,
+               SPARK_WORKER_DIR=str(wd), SPARK_LOG_DIR=str(wd),
+               SPARK_DAEMON_MEMORY=env.get("SPARK_DAEMON_MEMORY", "256m"))
+    cluster = Cluster(url=f"spark://{HOST}:{port}", ui_url=f"http://{HOST}:{ui_port}", work_dir=wd)
+    try:
+        _start(cluster, "master", ["org.apache.spark.deploy.master.Master", "--host", HOST,
+                                   "--port", str(port), "--webui-port", str(ui_port)], env)
+        _wait(cluster, "the master", lambda: cluster.state().get("status") == "ALIVE", timeout)
+        for i in range(workers):
+            _start(cluster, f"worker-{i + 1}", [
+                "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", str(cores),
+                "--memory", memory, "--webui-port", str(free_port()), "--work-dir", str(wd),
+                cluster.url], env)
+        _wait(cluster, f"{workers} workers", lambda: len(cluster.alive_workers()) >= workers,
+              timeout)
+        yield cluster
+    finally:
+        cluster.stop()
+        if own_dir:
+            shutil.rmtree(wd, ignore_errors=True)

@@ -1,0 +1,159 @@
+"""Horovod on a local Spark standalone cluster: the Lab 2.6 script, and a failing rank.
+
+Every process the script starts (master, workers, executors, Python workers, Horovod
+ranks) inherits a marker in its environment; after the run none may be left.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lab_utils import launch
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "labs" / "lab2_data_parallel" / "scripts"
+SCRIPT = SCRIPTS / "train_horovod_spark.py"
+SMALL = ["--n-train", "256", "--n-test", "128", "--batch-size", "32"]
+
+
+def _missing() -> str | None:
+    try:
+        import horovod.spark  # noqa: F401  (imports pyspark too)
+        import pyarrow  # noqa: F401
+    except ImportError as e:
+        return f"needs Horovod and the spark extra ({e}); run `make setup`"
+    from lab_utils import spark_cluster
+
+    try:
+        spark_cluster.java()
+    except spark_cluster.SparkClusterError as e:
+        return str(e)
+    return None
+
+
+MISSING = _missing()
+if MISSING and os.environ.get("CI") == "true":
+    raise RuntimeError(f"CI must run the Spark tests: {MISSING}")
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``LABS_SPARK_TEST=marker``."""
+    found = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and \
+                    p.environ().get("LABS_SPARK_TEST") == marker:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def wait_none_left(marker: str, timeout: float = 20) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := marked(marker)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    out = []
+    for p in left:
+        try:
+            out.append(" ".join(p.cmdline())[:200])
+        except psutil.Error:
+            continue
+    return out
+
+
+def test_marker_finds_processes():
+    """The leftover check can fail: a marked process is found until it ends."""
+    marker = secrets.token_hex(8)
+    proc = subprocess.Popen(["sleep", "30"], env=dict(os.environ, LABS_SPARK_TEST=marker))
+    try:
+        assert [p.pid for p in marked(marker)] == [proc.pid]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wait_none_left(marker) == []
+
+
+def test_script_trains_on_two_executors(tmp_path):
+    marker = secrets.token_hex(8)
+    job = launch.run(SCRIPT, SMALL, nprocs=1, launcher="python", timeout=600,
+                     env={"LABS_SPARK_TEST": marker}, cwd=SCRIPTS.parent)
+    job.check()
+    s = job.metrics[-1]
+    assert s["script"] == "horovod_spark" and s["world_size"] == 2
+    assert sorted(r["rank"] for r in s["ranks"]) == [0, 1]
+    executors = {r["executor_id"] for r in s["ranks"]}
+    assert len(executors) == 2, f"both ranks in one executor: {s['ranks']}"
+    # The Spark UI's record of the Horovod job: one task per rank, on those executors.
+    horovod_tasks = [t for t in s["tasks"] if t["executor_id"] in executors]
+    assert {t["executor_id"] for t in horovod_tasks} == executors
+    assert sum(s["class_counts"].values()) == 256
+    assert 0.0 <= s["val_acc"] <= 1.0 and s["steps"] == 4  # 256 / (2 ranks × 32)
+    assert "cluster stopped" in job.output
+    assert wait_none_left(marker) == []
+
+
+def test_failing_training_function_ends_the_job(tmp_path):
+    """A training function that raises fails the Spark job; its error reaches the
+    driver's output, and no JVM or Python worker is left."""
+    driver = tmp_path / "broken_driver.py"
+    driver.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(SCRIPTS)!r})
+        import train_horovod_spark as t
+
+        def broken(*args, **kwargs):
+            import horovod.torch as hvd
+            hvd.init()
+            raise ValueError(f"rank {{hvd.rank()}} broke on purpose")
+
+        t.train_fn = broken
+        t.main(sys.argv[1:])
+    """))
+    marker = secrets.token_hex(8)
+    job = launch.run(driver, [*SMALL, "--timeout", "120"], nprocs=1, launcher="python",
+                     timeout=600, env={"LABS_SPARK_TEST": marker}, cwd=tmp_path)
+    assert not job.ok
+    assert "broke on purpose" in job.output, job.output[-3000:]
+    assert wait_none_left(marker) == []
+
+
+def test_interrupt_stops_the_cluster(tmp_path):
+    """Ctrl-C while Spark's executors are up: the script's `with` block stops every
+    JVM itself (no supervisor in between)."""
+    marker = secrets.token_hex(8)
+    env = dict(os.environ, LABS_SPARK_TEST=marker, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), *SMALL], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while not any("CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
+                      for p in marked(marker) if p.is_running()):
+            assert proc.poll() is None, "the script ended before its executors started"
+            assert time.monotonic() < deadline, "no Spark executor started"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert wait_none_left(marker) == []
+
+
+def test_local_cluster_bad_input():
+    from lab_utils import spark_cluster
+
+    with pytest.raises(ValueError, match="workers"), spark_cluster.local_cluster(workers=0):
+        pass
+
