@@ -168,11 +168,15 @@ def default_timeout_s() -> float:
     return float(os.environ.get("LABS_DIST_TIMEOUT") or DEFAULT_TIMEOUT_S)
 
 
-def init(backend: str | None = None, timeout_s: float | None = None) -> DistInfo:
+def init(backend: str | None = None, timeout_s: float | None = None,
+         group_if_alone: bool = False) -> DistInfo:
     """Join the job (idempotent) and return who we are.
 
     A single plain process gets a :class:`DistInfo` with ``world_size == 1`` and no
-    process group, so the same script runs with and without a launcher.
+    process group, so the same script runs with and without a launcher; with
+    ``group_if_alone`` it gets a one-rank group instead (for code that needs a group
+    at any size: FSDP, DTensor meshes, ZeRO). On CUDA, NCCL needs one GPU per rank:
+    more local ranks than GPUs is a clear error, not NCCL's "duplicate GPU".
     """
     global _info
     if _info is not None:
@@ -182,10 +186,19 @@ def init(backend: str | None = None, timeout_s: float | None = None) -> DistInfo
     device = profile.device()
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if le.world_size == 1:
+    if le.world_size == 1 and not group_if_alone:
         _info = DistInfo(0, 1, 0, 1, None, device, le.launcher)
         return _info
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl" and le.local_world_size > torch.cuda.device_count():
+        raise RuntimeError(
+            f"{le.local_world_size} ranks on this machine but {torch.cuda.device_count()} "
+            "GPU(s): NCCL needs one GPU per rank. Start one process per GPU "
+            "(torchrun --nproc-per-node N), or run on the CPU with CUDA_VISIBLE_DEVICES=''.")
+    if le.world_size == 1:  # a one-rank group needs no rendezvous: an in-process store
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        _info = DistInfo(0, 1, 0, 1, backend, device, le.launcher)
+        return _info
     if backend == "gloo" and le.local_world_size == le.world_size:
         # One machine: talk over loopback even where the default interface is odd
         # (containers); multi-node jobs must set GLOO_SOCKET_IFNAME themselves.

@@ -87,3 +87,29 @@ def test_torchrun_variables_are_left_alone_and_one_process_gets_a_free_port():
     dist.set_torch_env_from_launcher(alone)
     assert (alone["RANK"], alone["WORLD_SIZE"], alone["LOCAL_RANK"]) == ("0", "1", "0")
     assert alone["MASTER_ADDR"] == "127.0.0.1" and 0 < int(alone["MASTER_PORT"]) < 65536
+
+
+ALONE = """
+import sys
+import torch.distributed as td
+from lab_utils import dist
+info = dist.init(group_if_alone=sys.argv[1] == "1")
+print(td.is_initialized(), info.world_size, info.backend)
+dist.shutdown()
+"""
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("1", "True 1 gloo"), ("0", "False 1 None")])
+def test_a_single_process_gets_a_group_only_when_asked(flag, expected):
+    """FSDP, DTensor and ZeRO need a group even alone; other scripts run without one."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run([sys.executable, "-c", ALONE, flag], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == expected

@@ -64,7 +64,7 @@ def main() -> None:
     n = dist.detect().world_size
     parallel.require(args.batch_size % n == 0, f"the global batch {args.batch_size} cannot be "
                      f"split over {n} processes: use a --batch-size divisible by {n}")
-    info = dist.init()
+    info = dist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
     batches = [tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))

@@ -93,7 +93,7 @@ def main() -> None:
     n = dist.detect().world_size
     parallel.require(args.heads % n == 0, f"{n} processes cannot split {args.heads} attention heads "
                      f"evenly: use a process count that divides --heads {args.heads}")
-    info = dist.init()
+    info = dist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
     x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step=0, seed=args.seed))
@@ -140,7 +140,9 @@ def main() -> None:
     # -- 2. the whole transformer, tensor-parallel, trained against one process
     reference = copy.deepcopy(model) if rank == 0 else None
     tp = parallelize_module(model, mesh, tp_plan(args.layers))
-    opt = torch.optim.Adam(tp.parameters(), lr=args.lr)
+    # foreach=False: the model mixes DTensors (split layers) and plain tensors, and the
+    # fused multi-tensor kernels used on GPUs refuse such a mix.
+    opt = torch.optim.Adam(tp.parameters(), lr=args.lr, foreach=False)
     tp_s = []
     for step in range(args.steps):
         xs, ys = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = torch.cuda.is_available() and local > torch.cuda.device_count()
-    info = dist.init(backend="gloo" if share else None)
+    info = dist.init(backend="gloo" if share else None, group_if_alone=True)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     for method in args.methods:
         for tau in args.taus:
