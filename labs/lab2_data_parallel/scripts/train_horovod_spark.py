@@ -35,7 +35,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=P.pick(quick=64, cpu=128, gpu=256),
                    help="samples per step and process")
     p.add_argument("--lr", type=float, default=0.05,
-                   help="learning rate of one process; N processes use N × lr")
+                   help="learning rate of one process; N processes use √N × lr, capped")
+    p.add_argument("--max-lr", type=float, default=0.05,
+                   help="cap on the scaled learning rate (as train_horovod.py)")
+    p.add_argument("--warmup-epochs", type=float, default=1.0,
+                   help="epochs over which the learning rate rises to its scaled value")
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--n-train", type=int, default=P.pick(quick=2048, cpu=20000, gpu=0),
                    help="training images to use (0: all)")
@@ -84,7 +88,7 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
     import pyarrow.parquet as pq
     import torch
 
-    from lab_utils import models
+    from lab_utils import models, optim
     from lab_utils.loader import TensorLoader
     from lab_utils.train import StepTimer, Trainer
 
@@ -106,7 +110,9 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
 
     model = models.build("fmnist_cnn", width=args["width"], batch_norm=False)
     torch.manual_seed(args["seed"] + hvd.rank())
-    lr = args["lr"] * hvd.size()
+    # train_horovod.py's rule: √N × lr, capped, reached by a gradual warm-up (Lab 3)
+    lr = min(optim.scale_lr(args["lr"], args["batch_size"], args["batch_size"] * hvd.size(),
+                            "sqrt"), args["max_lr"])
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args["weight_decay"])
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -114,7 +120,10 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     timer = StepTimer(0)
     start = time.perf_counter()
-    trainer = Trainer(model, optimizer, callbacks=[timer], progress=False)
+    warm = round(args["warmup_epochs"] * len(train))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                 optim.warmup(warm, min(1, args["lr"] / lr)))
+    trainer = Trainer(model, optimizer, scheduler=schedule, callbacks=[timer], progress=False)
     history = trainer.fit(train, args["epochs"], val_loader=test)
     # Where this rank ran: a Spark executor's working folder is <work dir>/<app>/<executor id>.
     cwd = os.getcwd()
@@ -191,7 +200,8 @@ def run(args: argparse.Namespace, master: str) -> dict[str, Any]:
             print(f"Spark prepared {sum(counts.values())} training images, per class: {counts}",
                   flush=True)
             hparams = {k: getattr(args, k) for k in
-                       ("epochs", "batch_size", "lr", "weight_decay", "width", "seed")}
+                       ("epochs", "batch_size", "lr", "max_lr", "warmup_epochs", "weight_decay",
+                        "width", "seed")}
             before = stage_ids(spark)
             start = time.perf_counter()
             # One Spark job of num_proc tasks; each task starts one Horovod rank (Gloo).
