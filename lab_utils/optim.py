@@ -157,6 +157,25 @@ def lars_trust_ratio(w: torch.Tensor, g: torch.Tensor, trust_coefficient: float 
     return _safe_ratio(trust_coefficient * w_norm, w_norm, g_norm + weight_decay * w_norm + eps)
 
 
+def _check_rates(lr: float, momentum: float | None = None,
+                 betas: tuple[float, float] | None = None) -> None:
+    """The checks every optimiser here makes of its learning rate and averaging factors."""
+    if lr <= 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    if betas is not None and not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must be in [0, 1), got {betas}")
+
+
+def _closure_loss(closure: Callable[[], float] | None) -> float | None:
+    """The loss of ``closure`` (re-evaluated with gradients on, as torch.optim does)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class LARS(Optimizer):
     """Layer-wise Adaptive Rate Scaling (You, Gitman & Ginsburg 2017, Algorithm 1).
 
@@ -177,10 +196,7 @@ class LARS(Optimizer):
     def __init__(self, params: Iterable, lr: float = 1.0, momentum: float = 0.9,
                  weight_decay: float = 0.0, trust_coefficient: float = 0.001,
                  eps: float = 0.0, exclude_bias_and_norm: bool = False) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        _check_rates(lr, momentum=momentum)
         if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
             raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
@@ -196,10 +212,7 @@ class LARS(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One LARS update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -240,10 +253,7 @@ class LAMB(Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0, bias_correction: bool = True,
                  exclude_bias_and_norm: bool = False) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        _check_rates(lr, betas=betas)
         if eps <= 0 or weight_decay < 0:
             raise ValueError("eps must be > 0 and weight_decay >= 0")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
@@ -254,10 +264,7 @@ class LAMB(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One LAMB update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -315,10 +322,7 @@ class LARC(Optimizer):
                  weight_decay: float = 0.0, trust_coefficient: float = 0.02,
                  eps: float = 1e-8, mode: str = "clip",
                  exclude_bias_and_norm: bool = False) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        _check_rates(lr, momentum=momentum)
         if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
             raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
         if mode not in self.MODES:
@@ -331,10 +335,7 @@ class LARC(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One LARC update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
@@ -383,10 +384,7 @@ class NovoGrad(Optimizer):
                  betas: tuple[float, float] = (0.95, 0.98), eps: float = 1e-8,
                  weight_decay: float = 0.0, grad_averaging: bool = False,
                  exclude_bias_and_norm: bool = False) -> None:
-        if lr <= 0:
-            raise ValueError(f"lr must be positive, got {lr}")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"betas must be in [0, 1), got {betas}")
+        _check_rates(lr, betas=betas)
         if eps < 0 or weight_decay < 0:
             raise ValueError("eps and weight_decay must be >= 0")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
@@ -397,10 +395,7 @@ class NovoGrad(Optimizer):
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
         """One NovoGrad update of every parameter that has a gradient."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
