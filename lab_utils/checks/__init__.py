@@ -112,3 +112,43 @@ def less(a: float, b: float, *, what: str, hint: str = "") -> None:
     """Check ``a < b`` and show both numbers."""
     that(bool(a < b), what=what, detail=f"{a:.4g} < {b:.4g}" if a < b else f"{a:.4g} ≥ {b:.4g}",
          hint=hint)
+
+
+# --------------------------------------------------------------------------- claims of a run
+# What a student's run may assert (DESIGN.md §13, docs/ARCHITECTURE.md "Checks a run
+# asserts"): a count, exact on any machine; a comparison inside one run, with the margin
+# taken from that run's own spread; anything else about time is shown, never raised.
+
+def count(actual: int, expected: int, *, what: str, hint: str = "") -> None:
+    """An exact count (steps redone, collectives per block, bytes on the wire)."""
+    that(int(actual) == int(expected), what=what,
+         detail=f"{int(actual)}" if int(actual) == int(expected)
+         else f"counted {int(actual)}, expected {int(expected)}", hint=hint)
+
+
+def spread(samples: Any) -> float:
+    """The run's own noise: the median absolute deviation of repeated measurements,
+    scaled to match a standard deviation (1.4826 × MAD), robust to one slow outlier."""
+    a = _as_array(samples).ravel()
+    if a.size < 2:
+        return 0.0
+    return float(1.4826 * np.median(np.abs(a - np.median(a))))
+
+
+def within_run(measured: float, predicted: float, *, noise: float, what: str, k: float = 4.0,
+               floor: float = 0.0, unit: str = "", hint: str = "") -> float:
+    """A measurement agrees with what a model predicts from the same run's own per-operation
+    times: ``|measured − predicted| ≤ k·noise + floor``, where ``noise`` comes from that
+    run's spread (:func:`spread`). Returns the margin (positive when it holds)."""
+    allowed = k * noise + floor
+    margin = allowed - abs(measured - predicted)
+    that(margin >= 0, what=what,
+         detail=(f"measured {measured:.4g}{unit}, predicted {predicted:.4g}{unit} from this run's "
+                 f"own timings, allowed ±{allowed:.3g}{unit} (this run's spread)"), hint=hint)
+    return margin
+
+
+def shown(what: str, detail: str, why: str) -> None:
+    """A timing that is too noisy to assert here: printed with the reason, never raised,
+    so that a busy laptop cannot stop Run All."""
+    print(f"ⓘ {what}: {detail} — shown, not asserted ({why})")
