@@ -10,6 +10,7 @@ single environment variable switches the whole course.
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 from typing import TypeVar
@@ -89,3 +90,17 @@ def current(name: str | None = None) -> Profile:
     threads = configure_threads()
     procs = max(1, torch.cuda.device_count()) if name == "gpu" and dev.type == "cuda" else 2
     return Profile(name=name, device=dev, threads=threads, procs=procs)
+
+
+class _DefaultsHelp(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description's layout and adds "(default: …)" to every option."""
+
+
+def script_parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser whose ``--help`` shows each option's default as the current
+    profile sets it, and names that profile (defaults differ between profiles)."""
+    name = (os.environ.get("LABS_PROFILE") or default_name()).strip().lower()
+    return argparse.ArgumentParser(
+        description=description, formatter_class=_DefaultsHelp,
+        epilog=f"Defaults shown are those of the {name!r} profile; set LABS_PROFILE="
+               "quick|cpu|gpu to see another's.")
