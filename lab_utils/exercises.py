@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import os
+import pkgutil
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -55,16 +57,36 @@ def downstream_hint(error: BaseException) -> str | None:
     if _pending:
         return "\n".join(how_to_continue(k, n) for k, n in _pending.items())
     name = getattr(error, "name", None)
-    if isinstance(error, NameError) and name:
-        for lab in ("lab1", "lab2", "lab3"):
-            try:
-                module = importlib.import_module(f"lab_utils.solutions.{lab}")
-            except ImportError:
-                continue
-            if callable(getattr(module, name, None)):
-                return (f"`{name}` is an exercise whose cell has not been run yet: run it "
-                        "(after writing it), then this cell. " + how_to_continue(f"{lab}.{name}",
-                                                                                  name))
+    key = exercise_key_of(name) if isinstance(error, NameError) and name else None
+    if key is None:
+        return None
+    return (f"`{name}` is an exercise whose cell has not been run yet: run it "
+            "(after writing it), then this cell. " + how_to_continue(key, name))
+
+
+def solution_modules() -> list[str]:
+    """The labs with reference solutions: every module of ``lab_utils.solutions``
+    (``lab1`` ... and any lab added later), so no list of labs goes stale."""
+    from lab_utils import solutions
+
+    return sorted(info.name for info in pkgutil.iter_modules(solutions.__path__)
+                  if not info.name.startswith("_"))
+
+
+def exercise_key_of(name: str) -> str | None:
+    """``"<lab>.<name>"`` when ``name`` is a reference solution in some lab, else None.
+
+    Only public functions defined in the lab's module count: a name it merely imports
+    (``torch``, ``Mapping``) or a private helper is no exercise."""
+    for lab in solution_modules():
+        try:
+            module = importlib.import_module(f"lab_utils.solutions.{lab}")
+        except ImportError:
+            continue
+        candidate = getattr(module, name, None)
+        if (not name.startswith("_") and inspect.isfunction(candidate)
+                and candidate.__module__ == module.__name__):
+            return f"{lab}.{name}"
     return None
 
 

@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -35,6 +37,32 @@ def test_a_never_run_exercise_cell_is_named(monkeypatch):
     assert hint is not None and "has not been run" in hint and "lab1.normal_equations" in hint
     assert downstream_hint(NameError("name 'xyz' is not defined", name="xyz")) is None
 
+
+
+@pytest.mark.parametrize("key", ["lab4.training_state_bytes", "lab5.adam_server_update"])
+def test_a_never_run_exercise_cell_is_named_in_every_lab(monkeypatch, key):
+    monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
+    name = key.partition(".")[2]
+    hint = downstream_hint(NameError(f"name '{name}' is not defined", name=name))
+    assert hint is not None and "has not been run" in hint and key in hint
+
+
+def test_a_lab_added_later_is_searched_too(monkeypatch, tmp_path):
+    monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
+    from lab_utils import solutions
+
+    (tmp_path / "lab6.py").write_text("def pipeline_bubble(stages, micro_batches):\n    return 0\n")
+    monkeypatch.setattr(solutions, "__path__", [*solutions.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "lab_utils.solutions.lab6", raising=False)
+    hint = downstream_hint(NameError("name 'pipeline_bubble' is not defined",
+                                     name="pipeline_bubble"))
+    assert hint is not None and "lab6.pipeline_bubble" in hint
+
+
+@pytest.mark.parametrize("name", ["Mapping", "torch", "_matrix"])
+def test_names_a_solution_module_imports_or_hides_are_no_exercise(monkeypatch, name):
+    monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
+    assert downstream_hint(NameError(f"name '{name}' is not defined", name=name)) is None
 
 def test_student_solution_is_used_without_the_switch(monkeypatch):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
