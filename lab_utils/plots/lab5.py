@@ -37,7 +37,8 @@ def staleness_histogram(runs: Mapping[str, Sequence[int]], cap: int = 10) -> plt
 
 
 def accuracy_vs_time(evals: Mapping[str, Sequence[Mapping[str, float]]]) -> plt.Axes:
-    """Test accuracy of the server's weights against wall time, one curve per run."""
+    """Test accuracy of the server's own model at evenly spaced update counts against wall
+    time, one curve per run, each ending at the run's final model."""
     series = {label: ([r["t"] for r in rows], [r["acc"] for r in rows])
               for label, rows in evals.items()}
     return curves(series, xlabel="wall time (s)", ylabel="test accuracy",
@@ -45,26 +46,34 @@ def accuracy_vs_time(evals: Mapping[str, Sequence[Mapping[str, float]]]) -> plt.
 
 
 def throughput(rows: Sequence[Mapping[str, Any]]) -> plt.Figure:
-    """Gradients per second and the servers' busy share, against the number of workers."""
-    fig, (ax, ax_busy) = plt.subplots(1, 2, figsize=(10, 3.5))
-    labels = sorted({(r["mode"], r["shards"]) for r in rows})
-    for mode, shards in labels:
+    """Gradients per second and the servers' busy share, against the number of workers.
+    Every point must come from runs of the same length (gradients per worker): rates of
+    runs of different lengths differ by their start-up share alone."""
+    lengths = sorted({r["steps"] for r in rows})
+    if len(lengths) != 1:
+        raise ValueError(f"runs of different lengths in one sweep: {lengths} gradients per worker")
+    fig, (ax, ax_busy) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for mode, shards in sorted({(r["mode"], r["shards"]) for r in rows}):
         sel = sorted((r for r in rows if (r["mode"], r["shards"]) == (mode, shards)),
                      key=lambda r: r["workers"])
         name = f"{mode}, {shards} shard{'s' if shards > 1 else ''}"
         ax.plot([r["workers"] for r in sel], [r["grads_per_s"] for r in sel], marker="o", label=name)
         ax_busy.plot([r["workers"] for r in sel], [100 * max(r["server_busy"]) for r in sel],
                      marker="o", label=name)
-    ax.set_xlabel("workers")
     ax.set_ylabel("gradients applied per second")
-    ax.set_title("throughput")
-    ax_busy.set_xlabel("workers")
+    ax.set_title(f"throughput ({lengths[0]} gradients per worker)")
     ax_busy.set_ylabel("busiest server: % of wall time updating")
     ax_busy.set_title("server load")
+    workers = sorted({r["workers"] for r in rows})
     for a in (ax, ax_busy):
+        a.set_xlabel("workers")
+        a.set_xticks(workers)  # whole workers only
+        a.set_ylim(bottom=0)
         a.grid(True, alpha=0.3)
-        a.legend()
-    fig.tight_layout()
+    # One legend under both panels, where it hides no curve.
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
@@ -134,19 +143,27 @@ def fx_graph(gm: Any, title: str = "") -> plt.Figure:
     return fig
 
 
+FAILURE_PARTS = (("restart_s", "restart (detect, stop, start, rendezvous, load)"),
+                 ("redo_s", "steps redone × median step time"),
+                 ("ckpt_s", "writing the run's checkpoints"))
+
+
 def time_lost(rows: Sequence[Mapping[str, Any]]) -> plt.Axes:
-    """Time lost to one killed rank (and the steps redone) against the checkpoint interval."""
+    """What one killed rank cost, per checkpoint interval: one stacked bar of its parts,
+    each measured in that run (``restart_s``, ``redo_s``, ``ckpt_s``; ``redone`` steps)."""
     rows = sorted(rows, key=lambda r: r["interval"])
-    fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    xs = [r["interval"] for r in rows]
-    ax.plot(xs, [r["lost_s"] for r in rows], marker="o", label="time lost (measured)")
-    ax.plot(xs, [r["redone"] * r["step_s"] for r in rows], marker="s", linestyle="--",
-            label="steps redone × time per step")
-    ax.set_xlabel("checkpoint interval (steps)")
+    fig, ax = plt.subplots(figsize=(9.5, 3.8))
+    xs = np.arange(len(rows))
+    bottom = np.zeros(len(rows))
+    for key, label in FAILURE_PARTS:
+        vals = np.array([r[key] for r in rows], dtype=float)
+        ax.bar(xs, vals, bottom=bottom, width=0.6, label=label)
+        bottom += vals
+    ax.set_xticks(xs, [f"every {r['interval']} steps\n({r['redone']} redone)" for r in rows])
+    ax.set_xlabel("checkpoint interval")
     ax.set_ylabel("seconds")
-    ax.set_title("cost of one failure")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.set_title("cost of one failure, part by part")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside, never on a bar
     fig.tight_layout()
     return ax

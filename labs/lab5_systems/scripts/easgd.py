@@ -1,4 +1,4 @@
-"""Elastic averaging SGD (EASGD) against synchronous SGD with periodic averaging.
+"""Elastic averaging SGD (EASGD) against SGD with periodic model averaging.
 
 Each process is a worker with its own weights x_i; every process also keeps a copy of
 the centre variable x~ (all copies stay equal: they see the same messages). Every
@@ -8,13 +8,18 @@ the centre variable x~ (all copies stay equal: they see the same messages). Ever
                 x_i <- x_i - alpha (x_i - x~)        x~ <- x~ + alpha sum_i (x_i - x~)
 - ``easgd-rr``  (round-robin, EASGD's multi-GPU algorithm): at round r only worker
                 r mod N meets the centre (one broadcast), the others keep training;
-- ``sgd``       (synchronous SGD every tau steps): x_i <- mean_j x_j (one all-reduce).
+- ``sgd``       (periodic model averaging, "local SGD"): after every tau-th local step
+                x_i <- mean_j x_j (one all-reduce). The workers start from the same
+                weights, so at tau = 1 every gradient is taken at the shared weights and
+                the average of the x_i - eta g_i is x - eta mean_i g_i(x): synchronous SGD.
 
 with alpha = eta * rho = beta / N. Between rounds each worker takes plain SGD steps on
-its own batches of Fashion-MNIST. Rank 0 evaluates the centre (``sgd``: the average) after
-every round and emits ``easgd`` records: method, tau, round, local steps, test accuracy.
+its own batches of Fashion-MNIST. EASGD's round uses x_i^t, before the local step (as
+its equations say); averaging comes after it. Rank 0 evaluates the centre (``sgd``: the
+average) after every round and emits ``easgd`` records: method, tau, round, local steps,
+test accuracy; ``--save`` writes the last run's centre.
 
-    torchrun --standalone --nproc-per-node 2 easgd.py --methods easgd sgd --taus 1 4 16
+    torchrun --standalone --nproc-per-node 2 scripts/easgd.py --methods easgd sgd --taus 1 4 16
 """
 
 from __future__ import annotations
@@ -26,13 +31,13 @@ import torch
 import torch.distributed as tdist
 import torch.nn.functional as F
 
-from lab_utils import dist, metrics, models, tensordata
+from lab_utils import dist, metrics, models, profile, tensordata
 
 METHODS = ("easgd", "easgd-rr", "sgd")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = profile.script_parser(__doc__)
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     p.add_argument("--taus", type=int, nargs="+", default=[1, 4, 16],
                    help="communication periods (local steps between rounds)")
@@ -45,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-train", type=int, default=10000)
     p.add_argument("--n-test", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", default="", help="write the last run's centre weights here (rank 0)")
     args = p.parse_args(argv)
     if min(args.taus) < 1 or args.steps < 1:
         p.error("--taus and --steps must be >= 1")
@@ -83,7 +89,8 @@ def communicate(method: str, x: torch.Tensor, center: torch.Tensor, alpha: float
 
 
 def run(method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensors,
-        info: dist.DistInfo) -> float:
+        info: dist.DistInfo) -> tuple[float, torch.nn.Module]:
+    """One training run; returns the last test accuracy and a model holding the centre."""
     n, rank, dev = info.world_size, info.rank, info.device
     torch.manual_seed(args.seed)
     model = models.build("mlp", hidden=(args.hidden,)).to(dev)
@@ -93,22 +100,31 @@ def run(method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensor
     center = flat(model).clone()
     x, y = data.x_train.to(dev), data.y_train.to(dev)
     acc, rnd = 0.0, 0
+
+    def meet(step: int) -> None:  # a round of communication, then (sometimes) an evaluation
+        nonlocal center, acc, rnd
+        rnd += 1
+        new_x, center = communicate(method, flat(model), center, alpha, rnd - 1, rank, n)
+        load_flat(model, new_x)
+        if rank == 0 and (rnd % args.eval_every == 0 or step + tau > args.steps):
+            load_flat(evaluator, center)
+            acc = tensordata.accuracy(evaluator, data.x_test, data.y_test)
+            metrics.emit({"event": "easgd", "method": method, "tau": tau, "round": rnd,
+                          "step": step, "acc": acc, "workers": n, "alpha": alpha})
+
     for step in range(1, args.steps + 1):
         idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=rank,
                                        step=step).to(dev)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()  # g_i at x_i^t
-        if step % tau == 0:  # a round: the elastic move uses x_i^t, as the equations say
-            rnd += 1
-            new_x, center = communicate(method, flat(model), center, alpha, rnd - 1, rank, n)
-            load_flat(model, new_x)
-            if rank == 0 and (rnd % args.eval_every == 0 or step + tau > args.steps):
-                load_flat(evaluator, center)
-                acc = tensordata.accuracy(evaluator, data.x_test, data.y_test)
-                metrics.emit({"event": "easgd", "method": method, "tau": tau, "round": rnd,
-                              "step": step, "acc": acc, "workers": n, "alpha": alpha})
+        rounds_now = step % tau == 0
+        if rounds_now and method != "sgd":
+            meet(step)  # EASGD's elastic move uses x_i^t, as the equations say
         opt.step()  # x_i <- x_i - eta g_i (after the elastic move: together the deck's update)
-    return acc
+        if rounds_now and method == "sgd":
+            meet(step)  # averaging after the local step: at tau = 1, synchronous SGD
+    load_flat(evaluator, center)
+    return acc, evaluator
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,9 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     for method in args.methods:
         for tau in args.taus:
-            acc = run(method, tau, args, data, info)
+            acc, centre = run(method, tau, args, data, info)
             dist.print0(f"{method:>8} tau={tau:<3} {args.steps // tau:>4} rounds: centre test "
                         f"accuracy {acc:.3f}", flush=True)
+    if args.save and info.rank == 0:
+        models.save(args.save, centre, method=method, tau=tau)
     dist.shutdown()
 
 

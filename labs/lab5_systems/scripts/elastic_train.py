@@ -1,17 +1,25 @@
 """Data-parallel training that survives a killed rank: checkpoint, restart, resume.
 
 Run it under ``torchrun --max-restarts N``: when a rank dies, torchrun stops the
-others and starts every rank again; each resumes from the last checkpoint. Every
+others and starts every rank again; each resumes from the last checkpoint. It needs
+torchrun's agent (the restarting is the lesson) and refuses any other launcher. Every
 batch is a function of the global step alone (a per-epoch permutation, cut into
 global batches, one slice per rank), so a resumed run replays exactly the batches the
 lost one would have seen, and on CPU its final weights equal an uninterrupted run's.
 
-    torchrun --standalone --nproc-per-node 2 --max-restarts 1 elastic_train.py \\
-        --ckpt-every 20 --kill-at 50 --out final.pt
+    torchrun --standalone --nproc-per-node 2 --max-restarts 1 scripts/elastic_train.py \\
+        --ckpt-every 20 --kill-at 50
+
+Each run checkpoints into a folder of its own, ``runs/lab5_elastic/<torchrun run id>``
+(the restarted attempts of one job share it; the next job starts afresh). A first
+attempt refuses a ``--ckpt-dir`` that already holds a checkpoint unless ``--resume``.
 
 ``--kill-at STEP`` makes rank ``--kill-rank`` SIGKILL itself at that step, on the first
-attempt only. Rank 0 emits JSON records: ``elastic_start`` (attempt, step resumed
-from), ``elastic_ckpt`` and ``elastic_done`` (steps, wall time, a checksum of the weights).
+attempt only. Rank 0 emits JSON records: ``elastic_start`` (attempt, step resumed from,
+process start and the moment it is ready to train), ``elastic_kill`` (the step and time
+of the kill), ``elastic_ckpt`` (step, seconds to write it) and ``elastic_done`` (steps,
+the attempt's median step time, a checksum of the weights): the parts of what a failure
+costs, each measured where it happens.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -28,11 +37,13 @@ import torch.distributed as tdist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import metrics, models, profile, tensordata
+from lab_utils import dist, metrics, models, paths, profile, tensordata
+
+AUTO = "auto"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = profile.script_parser(__doc__)
     p.add_argument("--steps", type=int, default=200, help="global steps to train")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
@@ -41,7 +52,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-train", type=int, default=10000)
     p.add_argument("--n-test", type=int, default=1000)
     p.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints (0: none)")
-    p.add_argument("--ckpt-dir", default="elastic_ckpt", help="where the checkpoint lives")
+    p.add_argument("--ckpt-dir", default=AUTO,
+                   help=f"where the checkpoint lives ({AUTO!r}: runs/lab5_elastic/<torchrun run id>)")
+    p.add_argument("--resume", action="store_true",
+                   help="let the first attempt resume from a checkpoint already in --ckpt-dir")
     p.add_argument("--kill-at", type=int, default=-1, help="step at which a rank kills itself")
     p.add_argument("--kill-rank", type=int, default=1)
     p.add_argument("--out", default="", help="final weights (rank 0)")
@@ -50,6 +64,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.steps < 1 or args.ckpt_every < 0:
         p.error("--steps must be >= 1 and --ckpt-every >= 0")
     return args
+
+
+def require_torchrun() -> None:
+    """Stop unless torchrun's agent started this process: only the agent restarts the
+    ranks after a failure. Under mpirun (or plain python) every process would be a job of
+    its own, writing the same checkpoint, and nothing would ever restart."""
+    launcher = dist.detect().launcher
+    if launcher != "torchrun" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        raise SystemExit(
+            f"elastic_train.py needs torchrun's agent, which restarts the job after a failure; "
+            f"it was started by {launcher!r}. Run it as: torchrun --standalone --nproc-per-node 2 "
+            "--max-restarts 1 scripts/elastic_train.py")
+
+
+def checkpoint_dir(arg: str) -> Path:
+    """``--ckpt-dir``, or a folder of this job's own under ``runs/`` that every rank and
+    every restarted attempt of the job names alike (torchrun's run id)."""
+    if arg != AUTO:
+        return Path(arg)
+    return paths.runs_dir("lab5_elastic") / os.environ.get("TORCHELASTIC_RUN_ID", "none")
+
+
+def refuse_stale(ckpt: Path, attempt: int, resume: bool) -> None:
+    """A first attempt that found a checkpoint would resume another job's training."""
+    if attempt == 0 and ckpt.exists() and not resume:
+        raise SystemExit(f"{ckpt} already holds a checkpoint from an earlier run: pass a fresh "
+                         "--ckpt-dir, or --resume to continue from it")
 
 
 def batch_for(step: int, n: int, batch: int, rank: int, world: int, seed: int) -> torch.Tensor:
@@ -106,10 +147,12 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.time()
+    require_torchrun()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    ckpt = checkpoint_dir(args.ckpt_dir) / "checkpoint.pt"
+    refuse_stale(ckpt, attempt, args.resume)  # before joining: no rank has written yet
     rank, world, device = init_attempt(attempt)
     main_rank = rank == 0
-    ckpt = Path(args.ckpt_dir) / "checkpoint.pt"
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     x, y = data.x_train.to(device), data.y_train.to(device)
@@ -124,27 +167,37 @@ def main(argv: list[str] | None = None) -> None:
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
     model = DDP(net) if world > 1 else net
-    metrics.emit({"event": "elastic_start", "attempt": attempt, "step": step, "time": started})
+    metrics.emit({"event": "elastic_start", "attempt": attempt, "step": step, "time": started,
+                  "ready": time.time(), "ckpt_dir": str(ckpt.parent)})
     if main_rank:
-        print(f"attempt {attempt}: starting at step {step}", flush=True)
+        print(f"attempt {attempt}: starting at step {step} ({ckpt.parent})", flush=True)
 
+    step_s: list[float] = []  # this attempt's training steps, checkpoint writes excluded
     while step < args.steps:
-        if step == args.kill_at and attempt == 0 and rank == args.kill_rank:
-            print(f"rank {rank}: SIGKILL at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if step == args.kill_at and attempt == 0:
+            # Rank 0 records the moment (the ranks left the previous step's all-reduce together).
+            metrics.emit({"event": "elastic_kill", "step": step, "time": time.time()})
+            if rank == args.kill_rank:
+                print(f"rank {rank}: SIGKILL at step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.perf_counter()
         idx = batch_for(step, len(x), args.batch_size, rank, world, args.seed)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()  # DDP averages the gradients
         opt.step()
+        step_s.append(time.perf_counter() - t0)
         step += 1
         if args.ckpt_every and step % args.ckpt_every == 0 and main_rank:
+            t0 = time.perf_counter()
             save_atomic({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt)
-            metrics.emit({"event": "elastic_ckpt", "step": step, "time": time.time()})
+            metrics.emit({"event": "elastic_ckpt", "step": step, "time": time.time(),
+                          "save_s": time.perf_counter() - t0})
 
     acc = tensordata.accuracy(net, data.x_test, data.y_test)
     if main_rank and args.out:
         models.save(args.out, net, step=step)
     metrics.emit({"event": "elastic_done", "attempt": attempt, "steps": step, "time": time.time(),
+                  "steps_run": len(step_s), "step_s": statistics.median(step_s) if step_s else 0.0,
                   "acc": acc, "checksum": checksum(net)})
     if main_rank:
         print(f"done: {step} steps, test accuracy {acc:.3f}, attempt {attempt}", flush=True)
