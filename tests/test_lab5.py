@@ -1,6 +1,6 @@
 """Lab 5: the exercises' checks (and that wrong answers fail them), the measurements the
-scripts make, a parameter server whose worker or server dies, the synchronous server's
-Adam against torch.optim.Adam, and a killed-and-resumed run against an uninterrupted one.
+scripts make, and a killed-and-resumed run against an uninterrupted one. The parameter
+server's tests are in test_lab5_param_server.py.
 """
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import sys
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import REPO, processes_matching
 
-from lab_utils import launch, models, tensordata
+from lab_utils import launch, tensordata
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab5 as checks
 from lab_utils.solutions import lab5 as solutions
@@ -32,35 +31,6 @@ def script_module(name: str):
 
 
 # ------------------------------------------------------------------ exercise checks
-def test_adam_check_accepts_the_reference():
-    checks.check_adam_server_update(solutions.adam_server_update)
-
-
-def _adam_without_bias_correction(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-    g = torch.stack(grads).mean(0)
-    m = betas[0] * m + (1 - betas[0]) * g
-    v = betas[1] * v + (1 - betas[1]) * g * g
-    return param - lr * m / (v.sqrt() + eps), m, v
-
-
-def _adam_on_the_sum(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-    return solutions.adam_server_update(param, [torch.stack(grads).sum(0)], m, v, step, lr, betas, eps)
-
-
-def _sgd_instead(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-    return param - lr * torch.stack(grads).mean(0), m, v
-
-
-@pytest.mark.parametrize("wrong, message", [
-    (_adam_without_bias_correction, "no bias correction"),
-    (_adam_on_the_sum, "sum"),
-    (_sgd_instead, "differs"),
-])
-def test_adam_check_rejects_wrong_updates(wrong, message):
-    with pytest.raises(CheckFailed, match=message):
-        checks.check_adam_server_update(wrong)
-
-
 def test_easgd_check_accepts_the_reference():
     checks.check_easgd(solutions.easgd_worker, solutions.easgd_center)
 
@@ -87,27 +57,6 @@ def test_resume_check_sees_one_ulp():
         checks.check_resume_equal(b, a)
     with pytest.raises(CheckFailed, match="different tensors"):
         checks.check_resume_equal({"w": a["w"]}, a)
-
-
-def _summary(mode, staleness, updates, gradients, workers=2):
-    return {"mode": mode, "staleness": staleness, "updates": updates, "gradients": gradients,
-            "workers": workers, "mean_staleness": sum(staleness) / len(staleness),
-            "max_staleness": max(staleness)}
-
-
-def test_server_claims_can_fail(capsys):
-    checks.check_sync_server(_summary("sync", [0, 0, 0, 0], 2, 4))
-    with pytest.raises(CheckFailed, match="1 stale"):
-        checks.check_sync_server(_summary("sync", [0, 1, 0, 0], 2, 4))
-    with pytest.raises(CheckFailed, match="one update per N"):
-        checks.check_sync_server(_summary("sync", [0, 0, 0, 0], 4, 4))
-    checks.check_async_server(_summary("async", [0, 1, 2, 1], 4, 4), asserted=True)
-    with pytest.raises(CheckFailed, match="some gradients are stale"):
-        checks.check_async_server(_summary("async", [0, 0, 0, 0], 4, 4), asserted=True)
-    checks.check_async_server(_summary("async", [0, 0, 0, 0], 4, 4), asserted=False)
-    assert "not asserted (quick)" in capsys.readouterr().out
-    with pytest.raises(CheckFailed, match="every push applied"):
-        checks.check_async_server(_summary("async", [0, 1, 2, 1], 3, 4), asserted=False)
 
 
 def test_lock_claims_can_fail():
@@ -190,55 +139,6 @@ def test_scripts_have_help():
 
 
 # ------------------------------------------------------------------ jobs
-def ps_job(args, nprocs=3, timeout=120, tmp=None):
-    env = dict(QUICK, LABS_RUNS=str(tmp)) if tmp else QUICK
-    return launch.run(SCRIPTS / "param_server.py", [str(a) for a in args], nprocs=nprocs,
-                      timeout=timeout, echo=False, env=env)
-
-
-@pytest.mark.launcher
-@pytest.mark.parametrize("mode, crash, who", [("sync", "worker:4", "worker 1"),
-                                              ("async", "server:6", "server")])
-def test_a_dead_worker_or_server_ends_the_job(mode, crash, who):
-    timeout = 120
-    result = ps_job(["--mode", mode, "--steps", "40", "--n-train", "1000", "--n-test", "100",
-                     "--crash", crash, "--rpc-timeout", "30"], timeout=timeout)
-    assert not result.ok and not result.timed_out and result.elapsed < timeout
-    assert f"{who}: simulated crash" in result.output
-    assert "exitcode" in result.output  # torchrun names the process that failed
-    assert processes_matching(str(SCRIPTS / "param_server.py")) == []
-
-
-@pytest.mark.launcher
-def test_sync_server_adam_equals_torch_adam_on_the_averaged_gradient(tmp_path):
-    steps, batch, n_train, lr, hidden = 4, 16, 500, 0.01, 32
-    out = tmp_path / "ps.pt"
-    result = ps_job(["--mode", "sync", "--optimizer", "adam", "--steps", steps, "--batch-size", batch,
-                     "--lr", lr, "--hidden", hidden, "--n-train", n_train, "--n-test", 100,
-                     "--save", out], tmp=tmp_path).check()
-    summary = next(m for m in result.metrics if m["event"] == "ps_summary")
-    assert summary["updates"] == steps and summary["gradients"] == 2 * steps
-    # The same computation in one process: both workers' gradients at the same weights,
-    # averaged, one torch.optim.Adam step.
-    torch.manual_seed(0)
-    model = models.build("mlp", hidden=(hidden,))
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    data = tensordata.load(n_train, 100, seed=0)
-    for step in range(steps):
-        grads = []
-        for worker in range(2):
-            idx = tensordata.batch_indices(n_train, batch, seed=0, worker=worker, step=step)
-            model.zero_grad()
-            F.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
-            grads.append([p.grad.clone() for p in model.parameters()])
-        for p, *gs in zip(model.parameters(), *grads, strict=True):
-            p.grad = torch.stack(gs).mean(0)
-        opt.step()
-    served = models.read_checkpoint(out)["state_dict"]
-    for name, p in model.state_dict().items():
-        torch.testing.assert_close(served[name], p, rtol=1e-6, atol=1e-7)
-
-
 @pytest.mark.launcher
 @pytest.mark.slow
 def test_killed_rank_resumes_to_the_uninterrupted_weights(tmp_path):

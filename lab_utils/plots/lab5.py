@@ -17,7 +17,7 @@ from lab_utils.plots import curves
 def staleness_histogram(runs: Mapping[str, Sequence[int]], cap: int = 10) -> plt.Figure:
     """How many updates each applied gradient missed (versions between pull and apply);
     values of ``cap`` or more share the last bar, so a long tail stays visible."""
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig, ax = plt.subplots(figsize=(7, 3.5 + 0.3 * len(runs)))
     width = 0.8 / max(1, len(runs))
     xs = np.arange(cap + 1)
     for i, (label, values) in enumerate(runs.items()):
@@ -31,8 +31,9 @@ def staleness_histogram(runs: Mapping[str, Sequence[int]], cap: int = 10) -> plt
     ax.set_ylabel("share of applied gradients (log)")
     ax.set_title("measured staleness of every applied gradient")
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
+    # Under the axes, one run per line: inside, it would hide bars.
+    fig.legend(loc="lower center", ncol=1, frameon=False)
+    fig.tight_layout(rect=(0, 0.3 * len(runs) / (3.5 + 0.3 * len(runs)) + 0.02, 1, 1))
     return fig
 
 

@@ -10,11 +10,17 @@ weights, compute a gradient on their own batch of Fashion-MNIST and push it.
   the *staleness* of a gradient is how many updates the shard applied between the
   worker's pull and this push.
 
+``--delay D`` adds D seconds of simulated compute to every step (a sleep, as if each
+worker had its own accelerator: sleeping frees the core, so workers overlap even on a
+2-core laptop); ``--straggler K`` makes the last worker K times slower and gives it
+``steps // K`` gradients, so every worker computes for the same time.
+
     torchrun --standalone --nproc-per-node 3 param_server.py --mode async   # 1 server, 2 workers
     torchrun --standalone --nproc-per-node 4 param_server.py --shards 2     # 2 servers, 2 workers
 
-Rank 0 (shard 0) emits JSON records: ``ps_summary`` (throughput, staleness, server
-busy fraction) and ``ps_eval`` (test accuracy of weight snapshots against wall time).
+Rank 0 (shard 0) emits JSON records: ``ps_summary`` (throughput, staleness, every push's
+worker and versions, server busy fraction) and ``ps_eval`` (test accuracy of the server's
+own model at evenly spaced update counts, against wall time, ending at the final model).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from lab_utils import metrics, models, profile, tensordata
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = profile.script_parser(__doc__)
     p.add_argument("--mode", choices=("sync", "async"), default="async")
     p.add_argument("--shards", type=int, default=1, help="server processes (the rest are workers)")
     p.add_argument("--steps", type=int, default=100, help="gradients each worker pushes")
@@ -44,8 +50,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128, help="hidden units of the MLP")
     p.add_argument("--n-train", type=int, default=10000)
     p.add_argument("--n-test", type=int, default=2000)
+    p.add_argument("--delay", type=float, default=0.0,
+                   help="seconds of simulated compute per step (a sleep: workers overlap)")
+    p.add_argument("--straggler", type=int, default=1,
+                   help="the last worker is this many times slower and pushes steps // K "
+                        "gradients (async only)")
     p.add_argument("--snapshots", type=int, default=8,
-                   help="weight snapshots worker 0 keeps for the accuracy-vs-time curve")
+                   help="points of the accuracy-vs-time curve: the server's model at evenly "
+                        "spaced update counts")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rpc-timeout", type=float, default=60.0,
                    help="seconds an RPC may take before the caller gives up")
@@ -58,12 +70,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.shards < 1:
         p.error("--shards must be >= 1")
+    if args.straggler < 1 or args.straggler > args.steps:
+        p.error("--straggler must be between 1 and --steps")
+    if args.straggler > 1 and args.mode == "sync":
+        p.error("--straggler needs --mode async (a synchronous round needs every worker's push)")
     return args
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
     torch.manual_seed(args.seed)  # every process builds the same initial weights
     return models.build("mlp", hidden=(args.hidden,))
+
+
+def worker_steps(args: argparse.Namespace, wid: int, workers: int) -> int:
+    """Gradients worker ``wid`` pushes: the straggler (the last worker) pushes 1/K of them."""
+    return args.steps // args.straggler if wid == workers - 1 else args.steps
+
+
+def worker_delay(args: argparse.Namespace, wid: int, workers: int) -> float:
+    """Seconds of simulated compute per step of worker ``wid``."""
+    return args.delay * (args.straggler if wid == workers - 1 else 1)
+
+
+def total_updates(args: argparse.Namespace, workers: int) -> int:
+    """Updates a shard applies in the whole run: one per round (sync) or per push (async)."""
+    if args.mode == "sync":
+        return args.steps
+    return sum(worker_steps(args, w, workers) for w in range(workers))
+
+
+def snapshot_versions(total: int, snapshots: int) -> set[int]:
+    """Versions at which a shard keeps its weights: evenly spaced, always the last."""
+    n = max(1, min(snapshots, total))
+    return {round(total * j / n) for j in range(1, n + 1)}
 
 
 def partition(params: list[torch.Tensor], shards: int) -> list[list[int]]:
@@ -89,6 +128,9 @@ class Shard:
         self.lock = threading.Lock()
         self.version = 0
         self.staleness: list[int] = []  # one entry per applied gradient
+        self.pushes: list[tuple[int, int, int]] = []  # (worker, version pulled, version at apply)
+        self.snap_at = snapshot_versions(total_updates(args, workers), args.snapshots)
+        self.snapshots: list[tuple[int, float, list[torch.Tensor]]] = []  # (version, time, weights)
         self.busy_s = 0.0  # time spent applying updates, under the lock
         self.first = self.last = 0.0
         self.pending: list[list[torch.Tensor]] = []
@@ -105,6 +147,8 @@ class Shard:
             p.grad = g
         self.optimizer.step()
         self.version += 1
+        if self.version in self.snap_at:  # the server's own model, for the accuracy curve
+            self.snapshots.append((self.version, time.time(), self.weights()))
         if self.version == self.crash_at:
             print(f"server: simulated crash at version {self.version}", flush=True)
             os._exit(3)
@@ -119,13 +163,14 @@ def pull() -> tuple[int, list[torch.Tensor]]:
         return SHARD.version, SHARD.weights()
 
 
-def push_async(grads: list[torch.Tensor], pulled: int) -> tuple[int, list[torch.Tensor]]:
+def push_async(grads: list[torch.Tensor], pulled: int, worker: int) -> tuple[int, list[torch.Tensor]]:
     """RPC (async mode): apply one worker's gradient now; answer with the new weights."""
     s = SHARD
     with s.lock:
         t0 = time.perf_counter()
         s.first = s.first or t0
         s.staleness.append(s.version - pulled)  # updates applied since this worker pulled
+        s.pushes.append((worker, pulled, s.version))
         s.apply(grads)
         out = s.version, s.weights()
         s.last = time.perf_counter()
@@ -134,7 +179,7 @@ def push_async(grads: list[torch.Tensor], pulled: int) -> tuple[int, list[torch.
 
 
 @rpc.functions.async_execution
-def push_sync(grads: list[torch.Tensor], pulled: int) -> torch.futures.Future:
+def push_sync(grads: list[torch.Tensor], pulled: int, worker: int) -> torch.futures.Future:
     """RPC (sync mode): hold every worker's push until all have arrived, then step once
     with the average and answer all of them with the same new weights."""
     s = SHARD
@@ -144,6 +189,7 @@ def push_sync(grads: list[torch.Tensor], pulled: int) -> torch.futures.Future:
         fut = s.future
         s.pending.append(grads)
         s.staleness.append(s.version - pulled)  # 0: nobody can step before all pushed
+        s.pushes.append((worker, pulled, s.version))
         result = None
         if len(s.pending) == s.workers:
             mean = [torch.stack(gs).mean(0) for gs in zip(*s.pending, strict=True)]
@@ -167,13 +213,14 @@ def shard_stats() -> dict:
     """RPC: what a shard measured (asked by shard 0 at the end)."""
     s = SHARD
     with s.lock:
-        return {"version": s.version, "staleness": list(s.staleness), "busy_s": s.busy_s,
-                "span_s": s.last - s.first, "weights": s.weights()}
+        return {"version": s.version, "staleness": list(s.staleness), "pushes": list(s.pushes),
+                "busy_s": s.busy_s, "span_s": s.last - s.first, "weights": s.weights(),
+                "snapshots": list(s.snapshots)}
 
 
 # ============================================================ worker side
-def work(args: argparse.Namespace, wid: int, servers: list[str], owned: list[list[int]],
-         data: tensordata.Tensors) -> None:
+def work(args: argparse.Namespace, wid: int, workers: int, servers: list[str],
+         owned: list[list[int]], data: tensordata.Tensors) -> None:
     device = profile.device()
     model = build_model(args).to(device)
     params = list(model.parameters())
@@ -189,11 +236,10 @@ def work(args: argparse.Namespace, wid: int, servers: list[str], owned: list[lis
                     params[i].copy_(w)
         return [v for v, _ in answers]
 
+    steps, delay = worker_steps(args, wid, workers), worker_delay(args, wid, workers)
     versions = install([rpc.rpc_sync(s, pull, timeout=timeout) for s in servers])
-    snap_every = max(1, args.steps // max(1, args.snapshots))
-    snapshots, start = [], time.time()
-    compute_s = 0.0
-    for step in range(args.steps):
+    start, compute_s = time.time(), 0.0
+    for step in range(steps):
         if wid == 1 and step == crash_at:
             print(f"worker {wid}: simulated crash at step {step}", flush=True)
             os._exit(3)
@@ -202,15 +248,14 @@ def work(args: argparse.Namespace, wid: int, servers: list[str], owned: list[lis
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         grads = [p.grad.detach().cpu() for p in params]
+        time.sleep(delay)  # simulated compute: the core is free for the others meanwhile
         compute_s += time.perf_counter() - t0
-        futs = [rpc.rpc_async(s, push, args=([grads[i] for i in idx_k], v), timeout=timeout)
+        futs = [rpc.rpc_async(s, push, args=([grads[i] for i in idx_k], v, wid), timeout=timeout)
                 for s, idx_k, v in zip(servers, owned, versions, strict=True)]
         versions = install([f.wait() for f in futs])
-        if wid == 0 and ((step + 1) % snap_every == 0 or step + 1 == args.steps):
-            snapshots.append((time.time(), [p.detach().cpu().clone() for p in params]))
     rpc.rpc_sync(servers[0], report, args=(wid, {
-        "start": start, "end": time.time(), "steps": args.steps, "compute_s": compute_s,
-        "snapshots": snapshots}), timeout=timeout)
+        "start": start, "end": time.time(), "steps": steps, "compute_s": compute_s}),
+        timeout=timeout)
 
 
 # ============================================================ the job
@@ -223,18 +268,16 @@ def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
     end = max(r["end"] for r in reports.values())
     model = build_model(args)
     params = list(model.parameters())
-    metrics.emit({"event": "ps_eval", "mode": args.mode, "t": 0.0,
+    metrics.emit({"event": "ps_eval", "mode": args.mode, "updates": 0, "t": 0.0,
                   "acc": tensordata.accuracy(model, data.x_test, data.y_test)})
-    for t, ws in reports[0]["snapshots"]:
-        with torch.no_grad():
-            for p, w in zip(params, ws, strict=True):
-                p.copy_(w)
+    # Every shard kept its slice at the same versions; shard 0's clock dates them.
+    for (version, t, _), *slices in zip(stats[0]["snapshots"], *(st["snapshots"] for st in stats),
+                                        strict=True):
+        load(params, owned, [ws for _, _, ws in slices])
         acc = tensordata.accuracy(model, data.x_test, data.y_test)
-        metrics.emit({"event": "ps_eval", "mode": args.mode, "t": t - start, "acc": acc})
-    with torch.no_grad():  # the final weights, straight from the servers
-        for st, idx in zip(stats, owned, strict=True):
-            for i, w in zip(idx, st["weights"], strict=True):
-                params[i].copy_(w)
+        metrics.emit({"event": "ps_eval", "mode": args.mode, "updates": version, "t": t - start,
+                      "acc": acc})
+    load(params, owned, [st["weights"] for st in stats])  # the final weights, from the servers
     final_acc = tensordata.accuracy(model, data.x_test, data.y_test)
     if args.save:
         models.save(args.save, model, mode=args.mode, optimizer=args.optimizer)
@@ -244,7 +287,9 @@ def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
     staleness = stats[0]["staleness"]
     summary = {
         "event": "ps_summary", "mode": args.mode, "workers": workers, "shards": len(servers),
-        "optimizer": args.optimizer, "gradients": grads, "updates": stats[0]["version"],
+        "optimizer": args.optimizer, "steps": args.steps, "delay": args.delay,
+        "straggler": args.straggler, "gradients": grads, "updates": stats[0]["version"],
+        "pushes": stats[0]["pushes"], "last_update_s": stats[0]["snapshots"][-1][1] - start,
         "wall_s": wall, "grads_per_s": grads / wall, "final_acc": final_acc,
         "staleness": staleness, "mean_staleness": sum(staleness) / len(staleness),
         "max_staleness": max(staleness),
@@ -257,6 +302,15 @@ def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
           f"{summary['mean_staleness']:.2f} max {summary['max_staleness']}; server busy "
           f"{', '.join(f'{b:.0%}' for b in summary['server_busy'])}; test accuracy {final_acc:.3f}",
           flush=True)
+
+
+def load(params: list[torch.Tensor], owned: list[list[int]],
+         slices: list[list[torch.Tensor]]) -> None:
+    """Copy each shard's slice of the weights into the full model's parameters."""
+    with torch.no_grad():
+        for idx, ws in zip(owned, slices, strict=True):
+            for i, w in zip(idx, ws, strict=True):
+                params[i].copy_(w)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -283,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)
     try:
         if rank >= args.shards:
-            work(args, rank - args.shards, servers, owned, data)
+            work(args, rank - args.shards, workers, servers, owned, data)
         else:
             # A server only answers RPCs; shard 0 waits until every worker has reported.
             deadline = time.monotonic() + args.job_timeout
