@@ -17,21 +17,25 @@ from . import dist, models, profile, text
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """Options of the character transformer and its data (defaults per profile)."""
+    """Options of the character transformer and its data (defaults per profile). Every
+    option has a help text, so a parser from :func:`lab_utils.profile.script_parser`
+    shows its default for the current profile in ``--help``."""
     P = profile.current()
-    p.add_argument("--d-model", type=int, default=P.pick(quick=64, cpu=128, gpu=512))
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=P.pick(quick=32, cpu=64, gpu=256))
+    p.add_argument("--d-model", type=int, default=P.pick(quick=64, cpu=128, gpu=512),
+                   help="width d of the model")
+    p.add_argument("--heads", type=int, default=4, help="attention heads per block")
+    p.add_argument("--layers", type=int, default=4, help="transformer blocks")
+    p.add_argument("--seq-len", type=int, default=P.pick(quick=32, cpu=64, gpu=256),
+                   help="characters per sequence")
     p.add_argument("--batch-size", type=int, default=P.pick(quick=16, cpu=32, gpu=64),
                    help="sequences per step (the whole batch, all micro-batches / ranks)")
     p.add_argument("--n-chars", type=int, default=P.pick(quick=200_000, cpu=1_000_000, gpu=0),
                    help=f"characters of the {text.NAME} corpus to use (0: 5 million)")
     p.add_argument("--steps", type=int, default=P.pick(quick=3, cpu=20, gpu=100),
                    help="training steps")
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
     p.add_argument("--checkpoint", default=None, help="save the whole trained model here (rank 0)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batches")
 
 
 def build_model(args: argparse.Namespace) -> nn.Module:
@@ -51,14 +55,25 @@ def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def require(ok: bool, message: str) -> None:
-    """Stop every rank with ``message`` and exit status 2 when ``ok`` is false.
+    """Stop the job with ``message`` when ``ok`` is false.
 
     Call it before the process group is joined: each rank decides alone from the
-    launcher's environment, so nobody waits for a peer that has left (no hang)."""
-    if not ok:
-        if dist.detect().rank == 0:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-        sys.exit(2)
+    launcher's environment, so nobody waits for a peer that has left (no hang). The
+    first process on each machine (local rank 0) prints ``error: message`` and exits
+    with status 2; the others leave quietly with status 0, so the launcher waits for
+    the one that explains rather than killing it before it has printed. torchrun then
+    adds its own report of that one failed rank (a ChildFailedError summary) and exits
+    with status 1; one process started with ``python`` exits with status 2."""
+    if ok:
+        return
+    env = dist.detect()
+    if env.local_rank != 0:
+        sys.exit(0)
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    if env.launcher == "torchrun":
+        print("(torchrun's ChildFailedError report below names this stop, exitcode 2; "
+              "nothing else failed)", file=sys.stderr, flush=True)
+    sys.exit(2)
 
 
 def gather_on_rank0(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:

@@ -10,6 +10,7 @@ with one process training the unsplit model, and saves the whole model (rank 0).
 """
 
 import argparse
+import contextlib
 import logging
 import time
 import warnings
@@ -22,7 +23,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import parallelize_module
 
-from lab_utils import dist, memory, metrics, models, parallel, traffic
+from lab_utils import dist, memory, metrics, models, parallel, profile, traffic
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # no in-place ops on outputs
 warnings.filterwarnings("ignore", message="Full backward hook is firing")  # stage 0 takes ids
@@ -31,7 +32,7 @@ logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERR
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks per data-parallel group")
     return p.parse_args(argv)
@@ -41,8 +42,8 @@ def main() -> None:
     args = parse_args()
     world = dist.detect().world_size
     parallel.require(args.tp >= 1 and world % args.tp == 0,
-                     f"{world} processes do not form a (data × tensor) mesh with --tp {args.tp}: "
-                     f"use a multiple of {args.tp} processes")
+                     f"--tp {args.tp} does not divide the {world} processes into a (data × tensor) "
+                     f"mesh: use a multiple of {args.tp} processes")
     dp = world // args.tp
     parallel.require(args.heads % args.tp == 0, f"--tp {args.tp} does not divide --heads {args.heads}")
     parallel.require(args.batch_size % dp == 0, f"--batch-size {args.batch_size} does not split "
@@ -67,22 +68,23 @@ def main() -> None:
         fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     mine = slice(dp_rank * args.batch_size // dp, (dp_rank + 1) * args.batch_size // dp)
-    seconds, comm, counts = [], {}, {}
+    seconds, comm, debug = [], {}, CommDebugMode()
     for step, (x, y) in enumerate(batches):
         start = time.perf_counter()
-        with traffic.count() as seen, CommDebugMode() as debug:
+        # CommDebugMode counts the collectives of the first step; the others are timed bare
+        with traffic.count() as seen, debug if step == 0 else contextlib.nullcontext():
             opt.zero_grad()
             loss = parallel.lm_loss(model(x[mine]), y[mine])
             loss.backward()
             opt.step()
         seconds.append(time.perf_counter() - start)
         comm = dict(seen)
-        counts = {str(k).split(".")[-1]: v for k, v in debug.get_comm_counts().items()}
         dist.print0(f"step {step}: loss {loss.item():.3f}")
+    counts = {str(k).split(".")[-1]: v for k, v in debug.get_comm_counts().items()}
     per_rank = memory.state_bytes(model, opt)
     state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
              for k, v in model.state_dict().items()}
-    step_s = dist.average(min(seconds))
+    step_s = dist.average(min(seconds[1:] or seconds))  # step 0 ran under CommDebugMode
     if rank == 0:
         ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
         one_s = []
@@ -96,7 +98,7 @@ def main() -> None:
         psi = sum(q.numel() for q in reference.parameters())
         metrics.emit({"event": "hybrid", "dp": dp, "tp": args.tp, "steps": args.steps,
                       "weights_rel_err": err, "psi": psi, "per_rank": per_rank,
-                      "comm_bytes": comm, "comm_counts": counts, "step_s": step_s,
+                      "layers": args.layers, "comm_bytes": comm, "comm_counts": counts, "step_s": step_s,
                       "one_process_step_s": min(one_s)})
         print(f"mesh dp={dp} × tp={args.tp}: weights vs one process {err:.1e}; rank 0 holds "
               f"{sum(per_rank.values()) / 2**20:.2f} MiB of state; {step_s * 1e3:.1f} ms per step "

@@ -20,7 +20,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist, memory, metrics, models, parallel, traffic
+from lab_utils import dist, memory, metrics, models, parallel, profile, traffic
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
 # The model's outputs are views; nothing here modifies them in place, which is what FSDP2 warns about.
@@ -28,7 +28,7 @@ warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
     p.add_argument("--cpu-offload", action="store_true",
