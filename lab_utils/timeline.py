@@ -14,10 +14,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from . import memory
+from .checks import spread
 
 
 @dataclass
@@ -154,3 +156,129 @@ def in_flight(events: Sequence[Event | dict]) -> dict[int, tuple[int, int]]:
             peak_n, peak_b = max(peak_n, n), max(peak_b, b)
         out[rank] = (peak_n, peak_b)
     return out
+
+
+# ------------------------------------------------------------------ replay of a schedule
+# The bubble a schedule must have, given this run's own costs: each block (F or B of a
+# micro-batch on a stage) starts when the block before it on its stage has ended and the
+# block it waits for on the neighbouring stage (its activations, or its gradient) has
+# ended, plus the overhead this run measured for that kind of block on that stage
+# (messages, the loss, Python); it then lasts as long as it was measured to last.
+
+def schedule_order(schedule: str, p: int, m: int, rank: int) -> list[tuple[str, int]]:
+    """The blocks ``(kind, micro-batch)`` that ``rank`` runs, in the order of
+    ``torch.distributed.pipelining``'s ``ScheduleGPipe`` or ``Schedule1F1B``."""
+    if schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    if schedule != "1f1b":
+        raise ValueError(f"unknown schedule {schedule!r}: 'gpipe' or '1f1b'")
+    warmup = min(m, p - rank)  # stage s keeps p − s micro-batches in flight
+    order = [("F", i) for i in range(warmup)]
+    for b in range(m):  # steady state: one backward, then the next forward
+        order.append(("B", b))
+        if warmup + b < m:
+            order.append(("F", warmup + b))
+    return order
+
+
+def measured_order(events: Sequence[Event | dict]) -> dict[int, list[tuple[str, int]]]:
+    """Per rank, the blocks in the order they started."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for e in sorted(_events(events), key=lambda e: (e.rank, e.start)):
+        out.setdefault(e.rank, []).append((e.kind, e.mb))
+    return out
+
+
+def _waits_for(kind: str, mb: int, rank: int, p: int) -> tuple[int, str, int] | None:
+    """The block on another stage whose result this one needs (None on the ends)."""
+    if kind == "F":
+        return (rank - 1, "F", mb) if rank > 0 else None
+    return (rank + 1, "B", mb) if rank < p - 1 else None
+
+
+def leads(events: Sequence[Event | dict]) -> dict[tuple[int, str], list[float]]:
+    """Per (rank, kind): for each block, the time from the moment it could start (the
+    previous block on its stage and the block it waits for have ended) to its start —
+    sending, receiving, the loss and Python between blocks, in this run."""
+    ev = _events(events)
+    p = len({e.rank for e in ev})
+    by_key = {(e.rank, e.kind, e.mb): e for e in ev}
+    out: dict[tuple[int, str], list[float]] = {}
+    for rank, order in measured_order(ev).items():
+        prev_end = None
+        for kind, mb in order:
+            e = by_key[(rank, kind, mb)]
+            dep = by_key.get(_waits_for(kind, mb, rank, p) or (-1, "", -1))
+            ready = max([t for t in (prev_end, dep.end if dep else None) if t is not None],
+                        default=None)
+            if ready is not None:
+                out.setdefault((rank, kind), []).append(max(e.start - ready, 0.0))
+            prev_end = e.end
+    return out
+
+
+@dataclass
+class Replay:
+    """A schedule replayed with one run's measured costs: the predicted ``events``, the
+    ``bubble`` they give, and the blocks on the path that sets the step's length."""
+
+    events: list[Event]
+    bubble: float
+    critical: list[tuple[int, str, int]]
+
+
+def replay(events: Sequence[Event | dict], schedule: str) -> Replay:
+    """Replay ``schedule`` from the measured durations of each block and the median
+    measured overhead per (stage, kind) (:func:`leads`), starting when the measured step
+    started. A measured timeline whose stages idle only because of the schedule and
+    these costs has (up to the run's spread) the replay's bubble."""
+    ev = _events(events)
+    p = len({e.rank for e in ev})
+    m = sum(1 for e in ev if e.rank == ev[0].rank and e.kind == "F")
+    measured = {(e.rank, e.kind, e.mb): e for e in ev}
+    lead = {key: float(np.median(v)) for key, v in leads(ev).items()}
+    orders = {r: schedule_order(schedule, p, m, r) for r in range(p)}
+    t0 = span(ev)[0]
+    placed: dict[tuple[int, str, int], Event] = {}
+    after: dict[tuple[int, str, int], tuple[int, str, int] | None] = {}
+    nxt = dict.fromkeys(range(p), 0)
+    while len(placed) < len(measured):
+        progressed = False
+        for r in range(p):
+            if nxt[r] == len(orders[r]):
+                continue
+            kind, mb = orders[r][nxt[r]]
+            dep = _waits_for(kind, mb, r, p)
+            if dep is not None and dep not in placed:
+                continue
+            prev = (r, *orders[r][nxt[r] - 1]) if nxt[r] else None
+            bound = max((k for k in (prev, dep) if k is not None),
+                        key=lambda k: placed[k].end, default=None)
+            start = placed[bound].end + lead.get((r, kind), 0.0) if bound else t0
+            key = (r, kind, mb)
+            placed[key] = Event(r, kind, mb, start, start + measured[key].end - measured[key].start)
+            after[key] = bound
+            nxt[r] += 1
+            progressed = True
+        if not progressed:
+            raise ValueError(f"{schedule} cannot order these blocks (a block waits for one "
+                             "that never runs): the timeline is not this schedule's")
+    path, key = [], max(placed, key=lambda k: placed[k].end)
+    while key is not None:
+        path.append(key)
+        key = after[key]
+    return Replay(list(placed.values()), bubble_fraction(list(placed.values())), path[::-1])
+
+
+def replay_noise(events: Sequence[Event | dict], result: Replay) -> float:
+    """The run's own spread of the replayed bubble: the spread (:func:`lab_utils.checks.spread`)
+    of the measured overheads of each stage and kind, summed along the critical path (a
+    busy core delays neighbouring blocks together, so their deviations add up rather than
+    cancel), converted from seconds of span to a share of the step."""
+    sigma = {key: spread(v) for key, v in leads(events).items()}
+    span_noise = sum(sigma.get((r, k), 0.0) for r, k, _ in result.critical)
+    t0, t1 = span(events)
+    per_rank = busy(events)
+    mean_busy = sum(per_rank.values()) / len(per_rank)
+    # bubble = 1 − mean_busy / span, so a change δ of the span moves it by mean_busy·δ / span²
+    return mean_busy / max(t1 - t0, 1e-12) ** 2 * span_noise

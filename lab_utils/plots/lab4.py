@@ -41,7 +41,8 @@ def schedule_grids(runs: Sequence[Mapping], title: str = "") -> plt.Figure:
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.8), squeeze=False)
     for ax, run in zip(axes[:, 0], runs):
         schedule_grid(run["events"], ax, f"{run['schedule']}, m={run['microbatches']}: bubble "
-                      f"{run['bubble']:.0%} measured, {run['ideal_bubble']:.0%} ideal")
+                      f"{run['bubble']:.0%} measured, {run['replay_bubble']:.0%} replayed, "
+                      f"{run['ideal_bubble']:.0%} formula")
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
     fig.suptitle(title or "per-stage timeline (blue F = forward, green B = backward)", fontsize=10)
@@ -50,15 +51,21 @@ def schedule_grids(runs: Sequence[Mapping], title: str = "") -> plt.Figure:
 
 
 def bubble_vs_microbatches(runs: Sequence[Mapping], p: int, ax: plt.Axes | None = None) -> plt.Axes:
-    """Measured bubble fraction per schedule against (p−1)/(m+p−1)."""
+    """Per schedule: the measured bubble (filled) and the bubble of the schedule replayed
+    with the run's own block times (hollow), against (p−1)/(m+p−1), which assumes equal
+    stages and free communication."""
     if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
     ms = np.arange(1, max(r["microbatches"] for r in runs) + 1)
     ax.plot(ms, [timeline.ideal_bubble(p, m) for m in ms], "k--", label="(p−1)/(m+p−1)")
-    for name, marker in (("gpipe", "o"), ("1f1b", "s")):
-        pts = sorted((r["microbatches"], r["bubble"]) for r in runs if r["schedule"] == name)
-        if pts:
-            ax.plot(*zip(*pts), marker=marker, label=f"{name} measured")
+    for name, marker, color in (("gpipe", "o", "C0"), ("1f1b", "s", "C1")):
+        mine = sorted((r for r in runs if r["schedule"] == name), key=lambda r: r["microbatches"])
+        if not mine:
+            continue
+        m_of = [r["microbatches"] for r in mine]
+        ax.plot(m_of, [r["bubble"] for r in mine], marker=marker, color=color, label=f"{name} measured")
+        ax.plot(m_of, [r["replay_bubble"] for r in mine], marker=marker, color=color, ls=":",
+                mfc="none", label=f"{name} replayed")
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (idle share)")
     ax.set_ylim(0, 1)
