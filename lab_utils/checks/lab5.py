@@ -227,6 +227,21 @@ def check_lock(records: Sequence[Mapping[str, Any]], asserted: bool) -> None:
                asserted=asserted)
 
 
+def show_lock_speed(records: Sequence[Mapping[str, Any]]) -> None:
+    """Per model, which of lock and no lock gave more updates per second in this run:
+    printed from the run's numbers, never asserted (which wins depends on the machine)."""
+    by = {(r["model"], r["lock"]): r["updates_per_s"] for r in records}
+    for model in ("dense", "sparse"):
+        if (model, True) in by and (model, False) in by:
+            locked, free = by[(model, True)], by[(model, False)]
+            winner = "the lock" if locked > free else "no lock"
+            shown(f"{model} model: {winner} gave more updates per second",
+                  f"lock {locked:,.0f}/s, no lock {free:,.0f}/s "
+                  f"({max(locked, free) / max(min(locked, free), 1e-9):.2f}×)",
+                  "one run of each on a shared machine; the winner depends on its cores, "
+                  "caches and load")
+
+
 def check_same_outputs(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
     close(actual, expected, what=what, rtol=1e-6, atol=1e-6)
 

@@ -90,14 +90,18 @@ def hogwild(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
                                   strict=True):
             vals = [scale * r[key] if r else 0 for r in rec]
             ax.bar(x + (j - 0.5) * 0.38, vals, width=0.38, label=name)
-    for ax, title in zip(axes, ("updates per second", "test accuracy",
-                                "overlapping writes: % of their weights\nthat the other write also wrote"),
-                                strict=True):
+    panels = (("updates per second", "updates / s (both workers)"),
+              ("test accuracy", "accuracy of the shared model"),
+              ("overlapping writes: % of their weights\nthat the other write also wrote",
+               "% of the weights written"))
+    for ax, (title, ylabel) in zip(axes, panels, strict=True):
         ax.set_xticks(x, [f"{m} model" for m in models])
         ax.set_title(title)
+        ax.set_ylabel(ylabel)
         ax.grid(True, axis="y", alpha=0.3)
-    axes[0].legend()
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=2)  # above the panels, on no bar
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
     return fig
 
 

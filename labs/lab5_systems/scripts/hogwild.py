@@ -16,9 +16,9 @@ Each worker logs every write (its time interval and the rows it touched); two wr
 row. JSON records (``hogwild``, via ``lab_utils.metrics``) carry updates per second, test accuracy
 and the conflict counts.
 
-    python hogwild.py --model sparse --workers 2            # lock-free
-    python hogwild.py --model dense --workers 2 --lock
-    python hogwild.py --grid                                # both models, lock and no lock
+    python scripts/hogwild.py --model sparse --workers 2    # lock-free
+    python scripts/hogwild.py --model dense --workers 2 --lock
+    python scripts/hogwild.py --grid                        # both models, lock and no lock
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ BUCKETS = 2**18  # rows of the hashed feature table (row 0 = "no feature")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = profile.script_parser(__doc__)
     p.add_argument("--model", choices=("dense", "sparse"), default="sparse")
     p.add_argument("--lock", action="store_true", help="hold one lock around every update")
     p.add_argument("--grid", action="store_true",
