@@ -40,16 +40,17 @@ from lab_utils import metrics, models, profile, tensordata
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = profile.script_parser(__doc__)
-    p.add_argument("--mode", choices=("sync", "async"), default="async")
+    p.add_argument("--mode", choices=("sync", "async"), default="async",
+                   help="sync: one averaged update per round; async: one update per push")
     p.add_argument("--shards", type=int, default=1, help="server processes (the rest are workers)")
     p.add_argument("--steps", type=int, default=100, help="gradients each worker pushes")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.05, help="learning rate of the servers' optimizer")
     p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                    help="the update the servers apply (state kept on the servers)")
     p.add_argument("--hidden", type=int, default=128, help="hidden units of the MLP")
-    p.add_argument("--n-train", type=int, default=10000)
-    p.add_argument("--n-test", type=int, default=2000)
+    p.add_argument("--n-train", type=int, default=10000, help="Fashion-MNIST training images")
+    p.add_argument("--n-test", type=int, default=2000, help="test images for the accuracy")
     p.add_argument("--delay", type=float, default=0.0,
                    help="seconds of simulated compute per step (a sleep: workers overlap)")
     p.add_argument("--straggler", type=int, default=1,
@@ -58,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--snapshots", type=int, default=8,
                    help="points of the accuracy-vs-time curve: the server's model at evenly "
                         "spaced update counts")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
     p.add_argument("--rpc-timeout", type=float, default=60.0,
                    help="seconds an RPC may take before the caller gives up")
     p.add_argument("--job-timeout", type=float, default=600.0,
@@ -70,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.shards < 1:
         p.error("--shards must be >= 1")
+    if args.delay < 0:
+        p.error("--delay must be >= 0")
     if args.straggler < 1 or args.straggler > args.steps:
         p.error("--straggler must be between 1 and --steps")
     if args.straggler > 1 and args.mode == "sync":
