@@ -6,7 +6,8 @@
 #   3. PyTorch (an importable torch is kept as it is);
 #   4. this package with its dev extras (pip install -e '.[dev]');
 #   5. Horovod with PyTorch, MPI and Gloo (scripts/build_horovod.sh).
-# and ships the course's JupyterLab settings (scripts/jupyterlab-overrides.json).
+# and ships the course's JupyterLab settings (scripts/jupyterlab-overrides.json), and in
+# a git checkout has git see notebooks without their outputs (scripts/clean_notebook.py).
 #
 # Environment:
 #   LABS_SKIP_HOROVOD=1     do not build Horovod (the Horovod parts of the labs are skipped)
@@ -28,6 +29,8 @@ PYTHON_APT_PACKAGES="python3 python3-venv python3-dev"
 
 VENV=.venv
 PY=$VENV/bin/python
+# Git's clean filter for *.ipynb (.gitattributes); git runs it from the checkout's top.
+NOTEBOOK_FILTER=".venv/bin/python scripts/clean_notebook.py"
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 HOROVOD_VERSION=0.28.1
 STAMP=$VENV/.lab-utils-install.sha256
@@ -187,6 +190,20 @@ step_lab_settings() {
     say "JupyterLab course settings: installed $target"
 }
 
+# Running a notebook writes outputs into it; with this filter git compares and commits
+# notebooks as they are stored, so a notebook that was only run is unchanged to git and
+# `git pull` updates it instead of stopping on a conflict. Local to this clone.
+step_notebook_filter() {
+    local top
+    top=$(git rev-parse --show-toplevel 2>/dev/null) || return 0  # no git (the container)
+    [[ $top -ef . ]] || return 0  # a copy inside some other repository: not ours to configure
+    if [[ $(git config --local --get filter.labs-notebook.clean) == "$NOTEBOOK_FILTER" ]]; then
+        return
+    fi
+    git config --local filter.labs-notebook.clean "$NOTEBOOK_FILTER"
+    say "git: notebooks compared and committed without outputs (filter.labs-notebook, .gitattributes)"
+}
+
 start=$SECONDS
 step_system_packages
 step_venv
@@ -194,4 +211,5 @@ step_torch
 step_package
 step_horovod
 step_lab_settings
+step_notebook_filter
 say "done in $((SECONDS - start)) s"

@@ -6,8 +6,10 @@ Horovod build flags; the Dockerfile and environment.yml must say the same.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -256,3 +258,120 @@ def test_jupyterlab_settings_are_shipped() -> None:
         text = path.read_text()
         assert "scripts/jupyterlab-overrides.json" in text, f"{path.name} does not ship it"
         assert "share/jupyter/lab/settings" in text
+
+
+# --------------------------------------------------------------------------- clean notebooks
+CLEAN_NOTEBOOK = ROOT / "scripts" / "clean_notebook.py"
+GITATTRIBUTES = ROOT / ".gitattributes"
+A_NOTEBOOK = ROOT / "labs" / "lab1_optimisation" / "02_sgd_minibatches.ipynb"
+README = ROOT / "README.md"
+UPDATE = "git pull --autostash"  # the README's command to take the course's updates
+
+
+def filter_output(text: str, cwd: Path = ROOT) -> str:
+    """What the clean filter setup.sh registers makes of ``text``, run as git runs it."""
+    command = shell_variable(SETUP_SH, "NOTEBOOK_FILTER")
+    return subprocess.run(command, shell=True, cwd=cwd, input=text, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def as_jupyterlab_saves_it_after_a_run(text: str) -> str:
+    """``text`` with what running it in JupyterLab adds: outputs, counts, kernel info."""
+    import nbformat
+
+    nb = nbformat.reads(text, as_version=4)
+    nb.metadata.kernelspec.display_name = "Python 3 (ipykernel)"
+    nb.metadata.language_info = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python",
+                                 "pygments_lexer": "ipython3", "file_extension": ".py"}
+    nb.metadata.widgets = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    for count, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
+        cell.execution_count = count + 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"ran {count}\n")]
+        cell.metadata.execution = {"iopub.status.idle": "2026-11-23T10:00:00Z"}
+        cell.metadata.scrolled = True
+    return nbformat.writes(nb) + "\n"
+
+
+def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    who = ["-c", "user.name=Student", "-c", "user.email=student@example.org"]
+    return subprocess.run(["git", *who, *args], cwd=cwd, capture_output=True, text=True)
+
+
+def test_clean_filter_gives_the_stored_form_of_a_run_notebook() -> None:
+    stored = filter_output(A_NOTEBOOK.read_text())
+    run = as_jupyterlab_saves_it_after_a_run(stored)
+    assert run != stored
+    assert filter_output(run) == stored
+    assert '"outputs": []' in stored and '"execution_count": null' in stored
+    assert "3.11.2" not in stored and "iopub" not in stored and "widget-state" not in stored
+
+
+def test_clean_filter_writes_what_nbformat_and_jupyterlab_write() -> None:
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("clean_notebook", CLEAN_NOTEBOOK)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    notebooks = sorted((ROOT / "labs").glob("*/*.ipynb"))
+    assert notebooks
+    for path in notebooks:
+        for text in (path.read_text(), as_jupyterlab_saves_it_after_a_run(path.read_text())):
+            stored = module.stored_form(text)
+            assert stored == nbformat.writes(nbformat.reads(stored, as_version=4)) + "\n", path
+
+
+@pytest.mark.parametrize("text", [
+    '<<<<<<< HEAD\n{"cells": []}\n=======\n{"cells": [1]}\n>>>>>>> main\n',
+    '{"not": "a notebook"}\n',
+])
+def test_clean_filter_passes_what_is_not_a_notebook_through(text: str) -> None:
+    assert filter_output(text) == text
+
+
+def test_setup_registers_the_notebook_filter() -> None:
+    """After `make setup` (which `make test` and .ci/run run first) this clone has it."""
+    assert "*.ipynb filter=labs-notebook" in GITATTRIBUTES.read_text().splitlines()
+    top = git(ROOT, "rev-parse", "--show-toplevel")
+    if top.returncode or Path(top.stdout.strip()).resolve() != ROOT:
+        pytest.skip("not a git checkout of its own (setup configures git only there)")
+    configured = git(ROOT, "config", "--get", "filter.labs-notebook.clean").stdout.strip()
+    assert configured == shell_variable(SETUP_SH, "NOTEBOOK_FILTER"), (
+        "run `make setup`: it registers the notebooks' clean filter in .git/config")
+
+
+def test_a_run_notebook_does_not_stop_git_pull(tmp_path: Path) -> None:
+    """A student runs a notebook (JupyterLab saves outputs into it), the course changes it,
+    and the README's update command brings the change; a cell the student edited stays."""
+    assert UPDATE in README.read_text().splitlines(), "the README tells students how to update"
+    upstream, student = tmp_path / "course", tmp_path / "student"
+    (upstream / "scripts").mkdir(parents=True)
+    shutil.copy(GITATTRIBUTES, upstream / ".gitattributes")
+    shutil.copy(CLEAN_NOTEBOOK, upstream / "scripts" / CLEAN_NOTEBOOK.name)
+    (upstream / "lab.ipynb").write_text(filter_output(A_NOTEBOOK.read_text()))
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "course"],
+                 ["clone", "-q", str(upstream), str(student)]):
+        assert git(upstream, *args).returncode == 0
+    (student / ".venv").symlink_to(ROOT / ".venv")
+    git(student, "config", "filter.labs-notebook.clean", shell_variable(SETUP_SH, "NOTEBOOK_FILTER"))
+    notebook = student / "lab.ipynb"
+
+    def course_changes(old: str, new: str) -> str:
+        text = (upstream / "lab.ipynb").read_text().replace(old, new, 1)
+        (upstream / "lab.ipynb").write_text(text)
+        assert git(upstream, "commit", "-qam", "course update").returncode == 0
+        return text
+
+    notebook.write_text(as_jupyterlab_saves_it_after_a_run(notebook.read_text()))
+    assert git(student, "diff", "--quiet").returncode == 0, "a run alone is a change to git"
+    course = course_changes("mini-batch", "minibatch")
+    pulled = git(student, *UPDATE.split()[1:])
+    assert pulled.returncode == 0, pulled.stderr
+    assert notebook.read_text() == course  # the update, without the old run's outputs
+
+    mine = notebook.read_text().replace("import ", "import  ", 1)
+    notebook.write_text(as_jupyterlab_saves_it_after_a_run(mine))
+    assert "1 insertion(+), 1 deletion(-)" in git(student, "diff", "--stat").stdout
+    course_changes("mini-batch", "minibatch")
+    pulled = git(student, *UPDATE.split()[1:])
+    assert pulled.returncode == 0, pulled.stderr
+    assert filter_output(notebook.read_text()) == mine.replace("mini-batch", "minibatch", 1)
