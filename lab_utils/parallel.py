@@ -6,9 +6,12 @@ split, and gathering a split model's pieces on rank 0 for a checkpoint.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from collections.abc import Mapping
 
+import psutil
 import torch
 import torch.distributed as tdist
 from torch import nn
@@ -35,7 +38,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="training steps")
     p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
     p.add_argument("--checkpoint", default=None, help="save the whole trained model here (rank 0)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the batches")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches")
 
 
 def build_model(args: argparse.Namespace) -> nn.Module:
@@ -60,10 +63,11 @@ def require(ok: bool, message: str) -> None:
     Call it before the process group is joined: each rank decides alone from the
     launcher's environment, so nobody waits for a peer that has left (no hang). The
     first process on each machine (local rank 0) prints ``error: message`` and exits
-    with status 2; the others leave quietly with status 0, so the launcher waits for
-    the one that explains rather than killing it before it has printed. torchrun then
-    adds its own report of that one failed rank (a ChildFailedError summary) and exits
-    with status 1; one process started with ``python`` exits with status 2."""
+    with status 2; the others leave quietly with status 0, and under torchrun local
+    rank 0 waits for them to have left, so torchrun neither kills a rank that is still
+    starting nor reports more than this one stop. torchrun then adds its report of that
+    failed rank (a ChildFailedError summary) and exits with status 1; one process
+    started with ``python`` exits with status 2."""
     if ok:
         return
     env = dist.detect()
@@ -73,7 +77,29 @@ def require(ok: bool, message: str) -> None:
     if env.launcher == "torchrun":
         print("(torchrun's ChildFailedError report below names this stop, exitcode 2; "
               "nothing else failed)", file=sys.stderr, flush=True)
+        _wait_for_the_other_workers()
     sys.exit(2)
+
+
+def _wait_for_the_other_workers(timeout: float = 30.0) -> None:
+    """Return once no other child of this process's parent (torchrun's agent on this
+    machine) is running, or after ``timeout`` seconds."""
+    me, deadline = os.getpid(), time.monotonic() + timeout
+    try:
+        agent = psutil.Process(os.getppid())
+        while time.monotonic() < deadline:
+            if not [c for c in agent.children() if c.pid != me and _running(c)]:
+                return
+            time.sleep(0.05)
+    except psutil.Error:  # the agent is gone: nothing to wait for
+        return
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def gather_on_rank0(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:

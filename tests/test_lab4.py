@@ -5,6 +5,8 @@ The pipeline's timeline, replay and script tests are in test_lab4_pipeline.py.
 """
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,6 +153,26 @@ def test_script_help(name, capsys):
     assert "usage" in capsys.readouterr().out
 
 
+def option_help(text: str, option: str) -> str:
+    """The lines ``--help`` prints for one option (up to the next option)."""
+    block = text[text.index(f"  {option} "):]
+    return block[:block.find("\n  -", 1) if "\n  -" in block[1:] else len(block)]
+
+
+@pytest.mark.parametrize("name", ["tensor_parallel.py", "sharded.py", "hybrid.py"])
+def test_script_help_shows_the_profile_defaults(name, capsys, monkeypatch):
+    module = load_script(name)
+    for profile_name, d_model in (("cpu", 128), ("quick", 64)):
+        monkeypatch.setenv("LABS_PROFILE", profile_name)
+        with pytest.raises(SystemExit):
+            module.parse_args(["--help"])
+        out = capsys.readouterr().out
+        assert f"(default: {d_model})" in " ".join(option_help(out, "--d-model").split())
+        assert f"{profile_name!r} profile" in " ".join(out.split())
+        for option in ("--heads", "--steps", "--batch-size", "--seed"):  # every model option
+            assert "(default: " in " ".join(option_help(out, option).split())
+
+
 @pytest.mark.launcher
 def test_tensor_parallel_on_4_ranks(tmp_path):
     ckpt = tmp_path / "tp4.pt"
@@ -161,6 +183,12 @@ def test_tensor_parallel_on_4_ranks(tmp_path):
     assert block["dtensor_comm_counts"] == {"all_reduce": 2}
     train = events_of(result, "tp_train")[0]
     checks.check_equal(train["weights_rel_err"], what="trained", tol=1e-4)
+    layers = TINY[TINY.index("--layers") + 1]
+    # one f per attention (PrepareModuleInput): Megatron's 4 all-reduces per block, and
+    # nothing else; q, k, v as three ColwiseParallel layers all-reduce 2 more
+    assert train["layers"] == int(layers)
+    assert train["comm_counts"] == {"all_reduce": 4 * int(layers)}
+    assert train["comm_counts_separate_qkv"] == {"all_reduce": 6 * int(layers)}
     assert isinstance(models.load(ckpt), models.CharTransformer)
 
 
@@ -181,6 +209,47 @@ def test_sharded_on_4_ranks(tmp_path):
 
 
 @pytest.mark.launcher
+def test_hybrid_on_a_2x2_mesh_counts_4_all_reduces_per_block():
+    result = run("hybrid.py", [*TINY, "--layers", "2", "--steps", "2", "--tp", "2"], nprocs=4).check()
+    hybrid = events_of(result, "hybrid")[0]
+    checks.check_equal(hybrid["weights_rel_err"], what="2 × 2 mesh", tol=1e-4)
+    assert hybrid["layers"] == 2 and hybrid["comm_counts"]["all_reduce"] == 4 * 2
+
+
+def torchrun(script: str, nprocs: int, *args: str) -> subprocess.CompletedProcess:
+    """The README's command, as a student types it, with stdout and stderr interleaved."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nprocs}", f"scripts/{script}", *args]
+    return subprocess.run(cmd, cwd=LAB, env=dict(os.environ, **QUICK), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=120)
+
+
+@pytest.mark.launcher
+@pytest.mark.parametrize("script,nprocs,args,message", [
+    ("tensor_parallel.py", 3, (), "error: 3 processes cannot split 4 attention heads"),
+    ("hybrid.py", 3, ("--tp", "2"), "error: --tp 2 does not divide the process count 3"),
+])
+def test_a_process_count_that_does_not_fit_under_torchrun(script, nprocs, args, message):
+    done = torchrun(script, nprocs, *args)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    # what the README says: the message first, then torchrun's report of one failed rank
+    # (exitcode 2, none stopped by a signal) and torchrun's own exit status 1
+    assert lines[0].startswith(message), done.stdout[:2000]
+    assert done.returncode == 1
+    assert done.stdout.count("exitcode  :") == 1 and "exitcode  : 2" in done.stdout
+    assert "SIGTERM" not in done.stdout
+    assert processes_matching(str(LAB / "scripts" / script)) == []
+
+
+def test_a_process_count_that_does_not_fit_one_process():
+    done = subprocess.run([sys.executable, "scripts/hybrid.py", "--tp", "3"], cwd=LAB,
+                          env=dict(os.environ, **QUICK), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[0] == ("error: --tp 3 does not divide the process count 1: a "
+                                           "(data × tensor) mesh needs a multiple of 3 processes")
+
+
+@pytest.mark.launcher
 def test_a_process_count_that_does_not_fit_stops_cleanly():
     # (tensor_parallel.py, hybrid.py and sharded.py stop through the same parallel.require;
     # test_require_stops_with_a_message covers it without a launch)
@@ -198,3 +267,13 @@ def test_require_stops_with_a_message(capsys, monkeypatch):
         parallel.require(False, "3 processes cannot split 4 attention heads")
     assert stop.value.code == 2
     assert "3 processes cannot split 4 attention heads" in capsys.readouterr().err
+
+
+def test_require_leaves_the_message_to_local_rank_0(capsys, monkeypatch):
+    # the other ranks leave quietly, so the launcher waits for the one that explains
+    for var, value in {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3"}.items():
+        monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as stop:
+        parallel.require(False, "3 processes cannot split 4 attention heads")
+    assert stop.value.code == 0
+    assert capsys.readouterr().err == ""

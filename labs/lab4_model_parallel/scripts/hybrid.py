@@ -42,8 +42,8 @@ def main() -> None:
     args = parse_args()
     world = dist.detect().world_size
     parallel.require(args.tp >= 1 and world % args.tp == 0,
-                     f"--tp {args.tp} does not divide the {world} processes into a (data × tensor) "
-                     f"mesh: use a multiple of {args.tp} processes")
+                     f"--tp {args.tp} does not divide the process count {world}: a (data × tensor) "
+                     f"mesh needs a multiple of {args.tp} processes")
     dp = world // args.tp
     parallel.require(args.heads % args.tp == 0, f"--tp {args.tp} does not divide --heads {args.heads}")
     parallel.require(args.batch_size % dp == 0, f"--batch-size {args.batch_size} does not split "
