@@ -320,6 +320,17 @@ def test_clean_filter_writes_what_nbformat_and_jupyterlab_write() -> None:
             assert stored == nbformat.writes(nbformat.reads(stored, as_version=4)) + "\n", path
 
 
+@pytest.mark.parametrize("path", sorted((ROOT / "labs").glob("*/*.ipynb")),
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_notebooks_are_stored_as_the_filter_writes_them(path: Path) -> None:
+    """Else a notebook a student only opened and ran differs from the stored one to git.
+    A notebook committed through the filter is; `git add --renormalize labs` fixes others."""
+    text = path.read_text()
+    assert filter_output(text) == text, (
+        f"{path.name} is not stored as the clean filter writes it: `make setup`, then "
+        f"`git add --renormalize {path.relative_to(ROOT)}`")
+
+
 @pytest.mark.parametrize("text", [
     '<<<<<<< HEAD\n{"cells": []}\n=======\n{"cells": [1]}\n>>>>>>> main\n',
     '{"not": "a notebook"}\n',
