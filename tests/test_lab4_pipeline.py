@@ -212,7 +212,8 @@ def test_pipeline_on_4_stages(tmp_path):
     for r in runs:
         checks.check_equal(r["grad_rel_err"], what=f"{r['schedule']} on 4 stages")
         checks.check_schedule(r)
-        assert len(r["serial_samples"]) == len(r["pipe_samples"]) == 2
+        checks.check_bubble(r)  # a comparison inside the run: holds on a busy machine too
+        assert len(r["serial_samples"]) == len(r["pipe_samples"]) == len(r["every_step_bubble"]) == 2
     held = {r["schedule"]: {int(k): v[0] for k, v in r["in_flight"].items()} for r in runs}
     checks.check_in_flight(held, 4, 4)
     assert isinstance(models.load(ckpt), models.CharTransformer)

@@ -127,20 +127,23 @@ def check_state_matches_formula(measured: Mapping[str, float], formula: Mapping[
 def check_schedule(run: Mapping) -> None:
     """Counts, exact on any machine: every stage ran m forwards and m backwards, in the
     order of the run's schedule (GPipe: all F, then all B; 1F1B: p − rank F, then B and F
-    alternating)."""
+    alternating). One line when it holds; the first stage that differs when not."""
     p, m, name = run["stages"], run["microbatches"], run["schedule"]
     order = timeline.measured_order(run["events"])
     for rank in range(p):
-        blocks = order.get(rank, [])
+        blocks, want = order.get(rank, []), timeline.schedule_order(name, p, m, rank)
+        if blocks == want:
+            continue
         for kind in ("F", "B"):
             count(sum(1 for k, _ in blocks if k == kind), m,
                   what=f"{name} m={m}, stage {rank}: {kind} blocks",
                   hint="each micro-batch crosses every stage once forward and once backward")
-        want = timeline.schedule_order(name, p, m, rank)
         count(sum(1 for got, w in zip(blocks, want) if got != w), 0,
               what=f"{name} m={m}, stage {rank}: blocks out of the schedule's order",
               hint=f"{name} runs {' '.join(f'{k}{i}' for k, i in want)}; this stage ran "
                    f"{' '.join(f'{k}{i}' for k, i in blocks)}")
+    count(sum(len(order.get(r, [])) for r in range(p)), 2 * m * p,
+          what=f"{name} m={m}, {p} stages: F and B blocks, each stage in the schedule's order")
 
 
 def check_bubble(run: Mapping, *, k: float = 4.0) -> float:

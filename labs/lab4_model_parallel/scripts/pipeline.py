@@ -168,12 +168,16 @@ def report(name: str, p: int, m: int, serial_s: list[tuple[float, float]],
     bubble = timeline.bubble_fraction(events)
     rep = timeline.replay(events, name)
     flight = timeline.in_flight(events)
+    every = []  # measured and replayed bubble and the allowed noise of every timed step
+    for _, _, ev in steps:
+        r = timeline.replay(ev, name)
+        every.append([timeline.bubble_fraction(ev), r.bubble, timeline.replay_noise(ev, r)])
     metrics.emit({"event": "pipeline", "schedule": name, "stages": p, "microbatches": m,
                   "step_s": step_s, "pipe_samples": [s[0] for s in steps],
                   "pipe_cpu_samples": [s[1] for s in steps],
                   "serial_samples": [s[0] for s in serial_s], "serial_cpu_samples": [s[1] for s in serial_s],
                   "bubble": bubble, "replay_bubble": rep.bubble,
-                  "replay_noise": timeline.replay_noise(events, rep),
+                  "replay_noise": timeline.replay_noise(events, rep), "every_step_bubble": every,
                   "ideal_bubble": timeline.ideal_bubble(p, m), "grad_rel_err": grad_err,
                   "in_flight": {str(k): v for k, v in flight.items()}, "events": events})
     speedup = statistics.median(s[0] for s in serial_s) / statistics.median(s[0] for s in steps)
