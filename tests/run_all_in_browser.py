@@ -66,26 +66,28 @@ def code_cells(notebook: Path) -> int:
                for c in nb["cells"])
 
 
-def run_notebook(page, lab, notebook: Path, shots: Path, timeout: float) -> dict:
-    """Run All in one notebook; its wall time, errors and screenshot."""
+def run_notebook(notebook: Path, shots: Path, timeout: float) -> dict:
+    """Run All in one notebook, in a JupyterLab of its own (a fresh server, browser and
+    kernel, as when a student opens the course); its wall time, errors and screenshot."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     rel = notebook.resolve().relative_to(REPO / "labs").as_posix()
-    open_notebook(page, lab, rel)
-    start = time.monotonic()
-    menu(page, "Run", "Run All Cells")
-    try:
-        wait_all_run(page, code_cells(notebook), timeout)
-        wait_kernel_idle(page, 120)
-        finished = True
-    except (AssertionError, PlaywrightTimeout) as e:  # reported; the next notebook runs
-        finished, errors = False, [f"did not finish: {e}"]
-    seconds = time.monotonic() - start
-    if finished:
-        errors = error_outputs(page)
-    shot = shots / (rel.replace("/", "__") + ".png")
-    page.screenshot(path=shot, full_page=True)
-    menu(page, "Kernel", "Shut Down Kernel")
+    with tempfile.TemporaryDirectory() as tmp, jupyter_lab(Path(tmp)) as lab, \
+            browser_page(lab, Path(tmp)) as page:
+        open_notebook(page, lab, rel)
+        start = time.monotonic()
+        menu(page, "Run", "Run All Cells")
+        try:
+            wait_all_run(page, code_cells(notebook), timeout)
+            wait_kernel_idle(page, 120)
+            finished, errors = True, []
+        except (AssertionError, PlaywrightTimeout) as e:  # reported; the next notebook runs
+            finished, errors = False, [f"did not finish: {e}"]
+        seconds = time.monotonic() - start
+        if finished:
+            errors = error_outputs(page)
+        shot = shots / (rel.replace("/", "__") + ".png")
+        page.screenshot(path=shot, full_page=True)
     return {"notebook": rel, "seconds": round(seconds, 1), "finished": finished,
             "errors": [e[:500] for e in errors], "screenshot": str(shot)}
 
@@ -105,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     profile = os.environ.get("LABS_PROFILE", "(default)")
     print(f"profile {profile}, {args.busy} busy processes, screenshots in {args.out}", flush=True)
     results = []
-    with busy(args.busy), tempfile.TemporaryDirectory() as tmp, jupyter_lab(Path(tmp)) as lab, \
-            browser_page(lab, Path(tmp)) as page:
+    with busy(args.busy):
         for nb in args.notebooks:
-            r = run_notebook(page, lab, nb, args.out, args.timeout)
+            r = run_notebook(nb, args.out, args.timeout)
             results.append(r)
             verdict = "ok" if r["finished"] and not r["errors"] else "FAILED"
             print(f"{verdict:6} {r['seconds']:7.1f} s  {r['notebook']}", flush=True)
