@@ -4,15 +4,13 @@ with 4 processes (the notebooks run them with 2) and a process count that does n
 The pipeline's timeline, replay and script tests are in test_lab4_pipeline.py.
 """
 
-import importlib.util
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, processes_matching
+from conftest import REPO, load_script, processes_matching
 from torch.nn import functional as F
 
 from lab_utils import launch, memory, models, parallel, text
@@ -135,18 +133,9 @@ def test_corpus_is_real_text_with_shifted_targets():
 
 
 # ------------------------------------------------------------------ scripts
-def load_script(name: str):
-    if str(SCRIPTS) not in sys.path:  # hybrid.py imports its neighbour tensor_parallel.py
-        sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location(f"lab4_{Path(name).stem}", SCRIPTS / name)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("name", ["pipeline.py", "tensor_parallel.py", "sharded.py", "hybrid.py"])
 def test_script_help(name, capsys):
-    module = load_script(name)
+    module = load_script(SCRIPTS / name)
     with pytest.raises(SystemExit) as stop:
         module.parse_args(["--help"])
     assert stop.value.code == 0
@@ -161,7 +150,7 @@ def option_help(text: str, option: str) -> str:
 
 @pytest.mark.parametrize("name", ["tensor_parallel.py", "sharded.py", "hybrid.py"])
 def test_script_help_shows_the_profile_defaults(name, capsys, monkeypatch):
-    module = load_script(name)
+    module = load_script(SCRIPTS / name)
     for profile_name, d_model in (("cpu", 128), ("quick", 64)):
         monkeypatch.setenv("LABS_PROFILE", profile_name)
         with pytest.raises(SystemExit):

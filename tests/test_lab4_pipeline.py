@@ -4,14 +4,13 @@ of blocks and micro-batches in flight, and pipeline.py under torchrun (4 stages,
 crashed stage).
 """
 
-import importlib.util
 import io
 import random
 from contextlib import redirect_stdout
 
 import pytest
 import torch
-from conftest import REPO, processes_matching
+from conftest import REPO, load_script, processes_matching
 
 from lab_utils import launch, models, parallel, timeline
 from lab_utils.checks import CheckFailed
@@ -183,23 +182,16 @@ def test_timed_stage_records_and_keeps_gradients():
 
 
 # ------------------------------------------------------------------ the script
-def load_script():
-    spec = importlib.util.spec_from_file_location("lab4_pipeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_help_shows_the_profiles_defaults(monkeypatch):
     monkeypatch.setenv("LABS_PROFILE", "quick")
     out = io.StringIO()
     with redirect_stdout(out), pytest.raises(SystemExit):
-        load_script().parse_args(["--help"])
+        load_script(SCRIPT).parse_args(["--help"])
     assert "default: 2" in out.getvalue() and "'quick' profile" in out.getvalue()
 
 
 def test_one_process_and_pipeline_alternate_a_b_b_a():
-    assert load_script().interleaved(3) == ["serial", "pipe", "pipe", "serial", "serial", "pipe"]
+    assert load_script(SCRIPT).interleaved(3) == ["serial", "pipe", "pipe", "serial", "serial", "pipe"]
 
 
 @pytest.mark.launcher

@@ -5,13 +5,12 @@ server's tests are in test_lab5_param_server.py.
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import REPO, processes_matching
+from conftest import REPO, load_script, processes_matching
 
 from lab_utils import launch, tensordata
 from lab_utils.checks import CheckFailed
@@ -21,13 +20,6 @@ from lab_utils.solutions import lab5 as solutions
 LAB = REPO / "labs" / "lab5_systems"
 SCRIPTS = LAB / "scripts"
 QUICK = {"LABS_PROFILE": "quick"}
-
-
-def script_module(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ------------------------------------------------------------------ exercise checks
@@ -81,7 +73,7 @@ def test_graph_break_check_can_fail():
 
 # ------------------------------------------------------------------ measurements
 def test_hogwild_collisions_are_counted_from_the_logged_writes():
-    hogwild = script_module("hogwild")
+    hogwild = load_script(SCRIPTS / "hogwild.py")
     np = pytest.importorskip("numpy")
     # Dense: worker 0's write [0, 2] overlaps worker 1's [1, 3]; [4, 5] overlaps nothing.
     logs = {0: [(0.0, 2.0, None), (4.0, 5.0, None)], 1: [(1.0, 3.0, None)]}
@@ -98,7 +90,7 @@ def test_hogwild_collisions_are_counted_from_the_logged_writes():
 
 
 def test_hashed_features_are_sparse_and_stable():
-    hogwild = script_module("hogwild")
+    hogwild = load_script(SCRIPTS / "hogwild.py")
     data = tensordata.load(64, 8, seed=0)
     ids = hogwild.hashed_patches(data.x_train)
     assert ids.shape == (64, 16) and int(ids.min()) >= 0 and int(ids.max()) < hogwild.BUCKETS

@@ -6,7 +6,6 @@ paths."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shlex
@@ -15,7 +14,7 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, processes_matching
+from conftest import REPO, load_script, processes_matching
 
 from lab_utils import launch, models, tensordata
 from lab_utils.checks import lab5 as checks
@@ -26,13 +25,6 @@ matplotlib.use("Agg")
 LAB = REPO / "labs" / "lab5_systems"
 SCRIPTS = LAB / "scripts"
 QUICK = {"LABS_PROFILE": "quick"}
-
-
-def script_module(name: str):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 # ------------------------------------------------------------------ EASGD's baseline
@@ -109,7 +101,7 @@ def test_elastic_runs_in_a_row_each_kill_and_restart(tmp_path):
 
 
 def test_elastic_first_attempt_refuses_a_used_checkpoint(tmp_path):
-    elastic = script_module("elastic_train")
+    elastic = load_script(SCRIPTS / "elastic_train.py")
     ckpt = tmp_path / "checkpoint.pt"
     elastic.refuse_stale(ckpt, attempt=0, resume=False)  # none there: fine
     ckpt.write_bytes(b"x")

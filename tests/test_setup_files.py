@@ -6,7 +6,6 @@ Horovod build flags; the Dockerfile and environment.yml must say the same.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shlex
 import shutil
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_SH = ROOT / "scripts" / "setup.sh"
@@ -309,9 +309,7 @@ def test_clean_filter_gives_the_stored_form_of_a_run_notebook() -> None:
 def test_clean_filter_writes_what_nbformat_and_jupyterlab_write() -> None:
     import nbformat
 
-    spec = importlib.util.spec_from_file_location("clean_notebook", CLEAN_NOTEBOOK)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(CLEAN_NOTEBOOK)
     notebooks = sorted((ROOT / "labs").glob("*/*.ipynb"))
     assert notebooks
     for path in notebooks:
