@@ -98,9 +98,11 @@ def propose(runs: list[dict[str, float]], acc_margin: float = 0.005,
 
 
 def measure(solution: Path, base: Target, *, runs: int, launcher: str, nprocs: int,
-            timeout_s: float, echo: bool) -> list[Report]:
-    """Grade ``solution`` ``runs`` times with only a generous time limit."""
-    loose = dataclasses.replace(base, budget_s=timeout_s, grace_s=0.0, accuracy=1e-6)
+            timeout_s: float, echo: bool, serial: bool = False) -> list[Report]:
+    """Grade ``solution`` ``runs`` times with only a generous time limit (and, for a
+    ``serial`` script such as the starter, no verdict on data parallelism)."""
+    loose = dataclasses.replace(base, budget_s=timeout_s, grace_s=0.0, accuracy=1e-6,
+                                data_parallel="warn" if serial else base.data_parallel)
     reports = []
     for i in range(runs):
         print(f"calibrate: run {i + 1}/{runs} of {solution.name} under {launcher} "
@@ -136,7 +138,7 @@ def target_toml(base: Target, p: Proposal, launcher: str, nprocs: int) -> str:
         "dataset": base.dataset, "accuracy": p.accuracy, "budget_s": p.budget_s,
         "grace_s": base.grace_s, "processes": nprocs, "threads_per_proc": base.threads_per_proc or 0,
         "launcher": launcher, "profile": base.profile, "archs": list(base.archs),
-        "max_checkpoint_mb": base.max_checkpoint_mb,
+        "max_checkpoint_mb": base.max_checkpoint_mb, "data_parallel": base.data_parallel,
     }
     if base.test_samples is not None:
         fields["test_samples"] = base.test_samples
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.starter:
         print("calibrate: timing the serial starter ...", flush=True)
         starter = measure(STARTER, base, runs=1, launcher=launcher, nprocs=nprocs,
-                          timeout_s=args.timeout, echo=not args.quiet)[0]
+                          timeout_s=args.timeout, echo=not args.quiet, serial=True)[0]
         if not starter.passed:
             print(starter.text(), file=sys.stderr)
             return EXIT_FAIL

@@ -41,6 +41,7 @@ from lab_utils import profile as lprofile
 
 from . import evaluate as eval_mod
 from . import integrity, jail, sandbox
+from . import participation as part
 from . import targets as targets_mod
 from .evaluate import TestSplit, check_fits, measure_accuracy  # noqa: F401 - public here too
 from .report import EXIT_ERROR, Report
@@ -193,10 +194,13 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str,
         # With as many ranks as cores, a rank that busy-polls in MPI (Horovod's
         # background thread) takes the core from its own compute thread.
         env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+        # Ranks on one machine would exchange through shared memory, which no counter
+        # of the kernel attributes to a rank; over TCP (on lo) every byte is counted.
+        env["OMPI_MCA_btl"] = "self,tcp"
     args = ["--dataset", target.dataset, "--budget", f"{target.budget_s:g}"]
     job = sandbox.run_job(ws, args, launcher=launcher, nprocs=nprocs, deadline=target.deadline_s,
                           env=env, threads_per_proc=target.threads_per_proc, echo=echo,
-                          confinement=conf)
+                          confinement=conf, gpu=target.profile == "gpu")
     report.elapsed_s = round(job.elapsed, 2)
     report.timed_out = job.timed_out
     report.returncode = job.returncode
@@ -208,6 +212,8 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str,
     if job.peak_memory_mb is not None:
         report.environment["peak_memory_mb"] = job.peak_memory_mb
     report.ranks = rank_table(job, nprocs)
+    if job.sockets.lo_bytes is not None:
+        report.environment["namespace_lo_mb"] = round(job.sockets.lo_bytes / 2**20, 2)
     idle_ranks = underused_cores(job.cpu_s, job.elapsed, nprocs, target.threads_per_proc,
                                  target.profile)
     if idle_ranks:
@@ -252,6 +258,7 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str,
     report.checkpoint = result["checkpoint"]
     report.accuracy, report.test_samples = result["accuracy"], result["test_samples"]
 
+    not_parallel = participation(report, job, target, nprocs)
     acc, need = report.accuracy, target.accuracy
     if job.elapsed > target.budget_s:
         report.set("over_budget", f"finished in {job.elapsed:.1f} s, over the budget of "
@@ -260,9 +267,15 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str,
     elif acc < need:
         report.set("low_accuracy", f"test accuracy {acc:.2%} is below the target {need:.2%} "
                                    f"(finished in {job.elapsed:.1f} s of {target.budget_s:g} s)")
+    elif not_parallel and target.data_parallel == "require":
+        report.set("not_data_parallel", f"test accuracy {acc:.2%} >= {need:.2%} in "
+                                        f"{job.elapsed:.1f} s, but the work was not "
+                                        f"data-parallel: {not_parallel}")
     else:
         report.set("passed", f"test accuracy {acc:.2%} >= {need:.2%} in {job.elapsed:.1f} s "
                              f"<= {target.budget_s:g} s")
+    if not_parallel and report.reason != "not_data_parallel":
+        report.warnings.append(f"not data-parallel: {not_parallel}")
 
 
 def rank_table(job: sandbox.JobOutcome, nprocs: int) -> list[dict]:
@@ -280,6 +293,41 @@ def rank_table(job: sandbox.JobOutcome, nprocs: int) -> list[dict]:
             row["samples_share"] = round(logged.get(rank, 0) / total, 3)
         rows.append(row)
     return rows
+
+
+def participation(report: Report, job: sandbox.JobOutcome, target: Target, nprocs: int) -> str:
+    """Judge from the kernel's counts whether every rank took part (see
+    :mod:`assessment.participation`); add each rank's bytes or GPU use to the report.
+
+    Returns "" when every rank did (or the evidence is unavailable: a warning says
+    so, never a verdict), else the finding: the verdict ``not_data_parallel`` where
+    the target requires it and the run met it, a warning otherwise.
+    """
+    if nprocs < 2 or not report.checkpoint:
+        return ""
+    gpu = job.gpu if target.profile == "gpu" else None
+    _add_evidence(report.ranks, job, nprocs, gpu)
+    findings, unavailable = part.judge(nprocs, int(report.checkpoint.get("parameters", 0)),
+                                       job.sockets, gpu)
+    if unavailable:
+        report.warnings.append(f"whether every rank took part could not be checked: "
+                               f"{unavailable}; read the code")
+        return ""
+    return "; ".join(findings)
+
+
+def _add_evidence(ranks: list[dict], job: sandbox.JobOutcome, nprocs: int,
+                  gpu: part.GpuWatch | None) -> None:
+    """Each rank's bytes with the other ranks (CPU) or share of the GPU use (GPU)."""
+    if gpu is not None and not gpu.unavailable:
+        most = max(gpu.use.values(), default=0.0) or 1.0
+        for row in ranks:
+            row["gpu_share"] = round(gpu.use.get(row["rank"], 0.0) / most, 3)
+    elif gpu is None and not job.sockets.unavailable:
+        sent, received = job.sockets.per_rank(nprocs)
+        for row in ranks:
+            row["sent_mb"] = round(sent.get(row["rank"], 0) / 2**20, 3)
+            row["received_mb"] = round(received.get(row["rank"], 0) / 2**20, 3)
 
 
 def idle_rank_warnings(ranks: list[dict], profile: str) -> list[str]:

@@ -26,7 +26,8 @@ REASONS = {
     "passed": "pass",
     "low_accuracy": "fail",  # valid checkpoint, below the target accuracy
     "over_budget": "fail",  # finished and saved, but after the budget
-    "timeout": "fail",  # still running at budget + grace: stopped (a hang, a deadlock, too slow)
+    "timeout": "fail",
+    "not_data_parallel": "fail",  # met the target, but not every rank exchanged gradients  # still running at budget + grace: stopped (a hang, a deadlock, too slow)
     "syntax_error": "broken",  # the script does not compile; it was not started
     "crashed": "broken",  # the job exited with an error status (any rank)
     "no_checkpoint": "broken",  # exited cleanly but wrote no checkpoint.pt
@@ -133,6 +134,9 @@ class Report:
         if self.ranks:
             lines.append("  ranks       " + ", ".join(
                 f"{r['rank']}: {r['cpu_s']:.1f} s CPU"
+                + (f", {r['sent_mb']:.2f}/{r['received_mb']:.2f} MB sent/received"
+                   if "sent_mb" in r else "")
+                + (f", {r['gpu_share']:.0%} of the busiest GPU use" if "gpu_share" in r else "")
                 + (f", {r['samples_share']:.0%} of samples" if "samples_share" in r else "")
                 for r in self.ranks))
         lines += [f"  warning     {w}" for w in self.warnings]

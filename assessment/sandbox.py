@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -35,6 +36,7 @@ from lab_utils import launch, reaper
 from lab_utils import metrics as lmetrics
 
 from . import jail
+from . import participation as part
 
 TAG_VAR = "LABS_GRADE_JOB"  # every process of a graded job carries this in its environment
 KEEP_LINES = 2000  # lines of the job's output the grader keeps (the last ones)
@@ -141,9 +143,12 @@ class _CpuWatch(threading.Thread):
     so that a stopped job can be told apart (computing, too slow; or idle, waiting
     forever: a hang or a deadlock), and so that each rank's share is known."""
 
-    def __init__(self, every_s: float = 0.5) -> None:
+    def __init__(self, every_s: float = 0.5, observers: Sequence[Any] = ()) -> None:
         super().__init__(daemon=True)
         self.every_s = every_s
+        # Each gets ``sample([(process, rank or None), ...])`` on every round (the
+        # evidence of :mod:`assessment.participation`).
+        self.observers = list(observers)
         self.samples: list[tuple[float, float]] = []  # (time, CPU seconds used so far)
         self.by_rank: dict[int, float] = {}  # CPU seconds of the processes of each rank
         self._done = threading.Event()
@@ -165,6 +170,7 @@ class _CpuWatch(threading.Thread):
     def run(self) -> None:
         used = 0.0
         while not self._done.is_set():
+            seen: list[tuple[psutil.Process, int | None]] = []
             for p in reaper.descendants():
                 try:
                     key = (p.pid, p.create_time())
@@ -176,8 +182,12 @@ class _CpuWatch(threading.Thread):
                 used += step
                 self._seen[key] = now
                 rank = self._rank_of(key, p)
+                seen.append((p, rank))
                 if rank is not None:
                     self.by_rank[rank] = self.by_rank.get(rank, 0.0) + step
+            for observer in self.observers:
+                with contextlib.suppress(psutil.Error, OSError):  # a process that just ended
+                    observer.sample(seen)
             self.samples.append((time.monotonic(), used))
             self._done.wait(self.every_s)
 
@@ -214,6 +224,8 @@ class JobOutcome:
     memory_killed: bool = False  # the kernel killed a process for going over the memory limit
     peak_memory_mb: float | None = None
     limits: str = "none"  # how the memory and process limits were set (or why not)
+    sockets: part.SocketWatch = field(default_factory=part.SocketWatch)  # ranks' TCP bytes
+    gpu: part.GpuWatch | None = None  # ranks' GPU use (GPU jobs)
 
     def tail(self, n: int = 40) -> list[str]:
         """The last ``n`` lines the job printed, tagged with their rank; for a stopped
@@ -273,7 +285,8 @@ def _command(ws: Workspace, args: Sequence[str], launcher: str, nprocs: int,
 
 def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, deadline: float,
             env: Mapping[str, str], threads_per_proc: int | None,
-            echo: bool = False, confinement: Confinement | None = None) -> JobOutcome:
+            echo: bool = False, confinement: Confinement | None = None,
+            gpu: bool = False) -> JobOutcome:
     """Run the workspace's script and wait for it, for at most ``deadline`` seconds."""
     job = launch.job_env(launcher, {**env, TAG_VAR: ws.job_id}, threads_per_proc, deadline)
     metrics_file = ws.workdir / METRICS_NAME
@@ -304,7 +317,9 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
             out.write((text if rank is None else f"[rank {rank}] {text}") + "\n")
             out.flush()
 
-    watch = _CpuWatch()
+    sockets = part.SocketWatch()
+    gpu_watch = part.GpuWatch() if gpu else None
+    watch = _CpuWatch(observers=[sockets] + ([gpu_watch] if gpu_watch else []))
     cpu0 = _children_cpu()
     start = time.monotonic()
     watch.start()
@@ -363,6 +378,8 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
         if proc is not None and proc.poll() is None:
             launch._stop(proc)  # noqa: SLF001
         watch.stop()
+        if gpu_watch is not None:
+            gpu_watch.close()
         # Even when something raised: a worker in a session of its own may be left.
         leftovers = reap_leftovers(ws.job_id, ws.root)
         memory_killed = bool(limits and limits.memory_killed())
@@ -380,7 +397,7 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
                       rank_cpu_s=dict(sorted(watch.by_rank.items())),
                       metrics=_read_metrics(metrics_file), memory_killed=memory_killed,
                       peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
-                      limits=how)
+                      limits=how, sockets=sockets, gpu=gpu_watch)
 
 
 def _read_metrics(path: Path, max_bytes: int = 4 * 2**20) -> list[dict]:

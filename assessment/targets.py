@@ -24,6 +24,7 @@ TARGETS_DIR = Path(__file__).resolve().parent / "targets"
 LAUNCHERS = ("torchrun", "horovodrun", "mpirun")
 DATASETS = ("fashion-mnist", "cifar10", "synthetic-cifar10")
 STATUSES = ("calibrated", "to be calibrated", "test")
+DATA_PARALLEL = ("require", "warn")  # what a job whose ranks did not all take part gets
 
 
 class TargetError(ValueError):
@@ -47,6 +48,9 @@ class Target:
     test_samples: int | None = None  # None: the whole test split
     max_checkpoint_mb: float = 512.0
     memory_mb: float = 8192.0  # memory limit of the whole job (all its processes)
+    # "require": a job whose ranks did not all exchange gradients is `not_data_parallel`;
+    # "warn": it keeps its verdict, with a warning (see assessment/participation.py).
+    data_parallel: str = "require"
     status: str = "to be calibrated"
     description: str = ""
     path: str = ""
@@ -116,6 +120,7 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
     test_samples = opt("test_samples", int, None)
     max_mb = float(opt("max_checkpoint_mb", (int, float), 512.0))
     memory_mb = float(opt("memory_mb", (int, float), 8192.0))
+    data_parallel = opt("data_parallel", str, "require")
     status = opt("status", str, "to be calibrated")
     description = opt("description", str, "")
     calibration = opt("calibration", dict, {})
@@ -137,6 +142,8 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
         (max_mb > 0, "max_checkpoint_mb must be positive"),
         (memory_mb >= 256, "memory_mb must be at least 256"),
         (status in STATUSES, f"status must be one of {', '.join(STATUSES)}"),
+        (data_parallel in DATA_PARALLEL,
+         f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, not {data_parallel!r}"),
     ]
     for ok, problem in checks:
         if not ok:
@@ -144,5 +151,6 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
     return Target(name=name, dataset=dataset, accuracy=accuracy, budget_s=budget,
                   processes=processes, archs=archs, grace_s=grace, threads_per_proc=threads,
                   launcher=launcher, profile=profile, test_samples=test_samples,
-                  max_checkpoint_mb=max_mb, memory_mb=memory_mb, status=status, description=description,
+                  max_checkpoint_mb=max_mb, memory_mb=memory_mb, data_parallel=data_parallel,
+                  status=status, description=description,
                   path=str(path), calibration=calibration)
