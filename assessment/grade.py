@@ -16,11 +16,14 @@ budget + grace, checks the hashes again, and then, in a fresh ``python -I`` that
 imports only the verified code (:mod:`assessment.evaluate`), reads ``checkpoint.pt``
 with ``torch.load(weights_only=True)``, rebuilds the model from the
 ``lab_utils.models`` registry and evaluates it on the test split with
-``lab_utils.train.evaluate``. Where no sandbox can be made it refuses, unless given
+``lab_utils.train.evaluate``. A run that met the target but whose ranks did not all
+exchange gradients (counted by the kernel: :mod:`assessment.participation`) is
+``not_data_parallel``, or passes with a warning where the target says
+``data_parallel = "warn"``. Where no sandbox can be made it refuses, unless given
 ``--unsafe-no-sandbox``.
 
 Exit codes: 0 pass; 1 fail (it ran, but missed the accuracy or the time, or had to
-be stopped at budget + grace); 2 broken submission (syntax error, crash, no usable
+be stopped at budget + grace, or was not data-parallel); 2 broken submission (syntax error, crash, no usable
 checkpoint); 3 grader error (bad target or usage, missing data, a fault of the grader).
 """
 
@@ -212,6 +215,7 @@ def _judge(report: Report, ws: sandbox.Workspace, target: Target, launcher: str,
     if job.peak_memory_mb is not None:
         report.environment["peak_memory_mb"] = job.peak_memory_mb
     report.ranks = rank_table(job, nprocs)
+    _add_evidence(report.ranks, job, nprocs, job.gpu if target.profile == "gpu" else None)
     if job.sockets.lo_bytes is not None:
         report.environment["namespace_lo_mb"] = round(job.sockets.lo_bytes / 2**20, 2)
     idle_ranks = underused_cores(job.cpu_s, job.elapsed, nprocs, target.threads_per_proc,
@@ -297,7 +301,7 @@ def rank_table(job: sandbox.JobOutcome, nprocs: int) -> list[dict]:
 
 def participation(report: Report, job: sandbox.JobOutcome, target: Target, nprocs: int) -> str:
     """Judge from the kernel's counts whether every rank took part (see
-    :mod:`assessment.participation`); add each rank's bytes or GPU use to the report.
+    :mod:`assessment.participation`).
 
     Returns "" when every rank did (or the evidence is unavailable: a warning says
     so, never a verdict), else the finding: the verdict ``not_data_parallel`` where
@@ -306,7 +310,6 @@ def participation(report: Report, job: sandbox.JobOutcome, target: Target, nproc
     if nprocs < 2 or not report.checkpoint:
         return ""
     gpu = job.gpu if target.profile == "gpu" else None
-    _add_evidence(report.ranks, job, nprocs, gpu)
     findings, unavailable = part.judge(nprocs, int(report.checkpoint.get("parameters", 0)),
                                        job.sockets, gpu)
     if unavailable:

@@ -99,6 +99,7 @@ def test_shipped_targets_load_and_gpu_ones_are_marked_to_be_calibrated() -> None
     ({"archs": []}, "archs"),
     ({"launcher": "srun"}, "launcher"),
     ({"colour": "blue"}, "unknown key"),
+    ({"data_parallel": "maybe"}, "data_parallel"),
 ])
 def test_a_bad_target_names_the_key(change: dict, problem: str) -> None:
     raw = {"dataset": "fashion-mnist", "accuracy": 0.9, "budget_s": 60, "processes": 2,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -34,10 +35,10 @@ HAS_MPI = shutil.which("mpirun") is not None
 HAS_HOROVOD = (importlib.util.find_spec("horovod") is not None
                and (Path(sys.executable).parent / "horovodrun").exists())
 
-# A process of the unit tests: ``connect`` (one end of a connection to its partner,
+# A process of the unit tests: ``listen``/``connect`` (the two ends of a connection,
 # moving NBYTES each way), ``self`` (a connection to itself, moving NBYTES), or
-# ``idle`` (a connection to the test process, moving nothing); it holds its sockets
-# until its standard input closes.
+# ``idle`` (a connection to the test process, which sends it NBYTES); it holds its
+# sockets until its standard input closes.
 PEER = textwrap.dedent("""
     import socket, sys
     role, n = sys.argv[1], int(sys.argv[2])
@@ -61,7 +62,9 @@ PEER = textwrap.dedent("""
         c = socket.create_connection(lst.getsockname()); s, _ = lst.accept(); held += [c, s]
         pump(c, s)
     elif role == "idle":
-        held.append(socket.create_connection(("127.0.0.1", int(sys.argv[3]))))
+        c = socket.create_connection(("127.0.0.1", int(sys.argv[3]))); held.append(c)
+        got = 0
+        while got < n: got += len(c.recv(1 << 16))
     print("ready", flush=True)
     sys.stdin.read()
 """)
@@ -75,8 +78,8 @@ def _peer(role: str, *extra: str) -> subprocess.Popen:
 
 def test_only_bytes_between_ranks_count(tmp_path: Path) -> None:
     """Ranks 0 and 1 exchange 1 MB each way; rank 0 also pumps 1 MB to itself, and
-    rank 2 only holds a connection to a process that is no rank (the launcher)."""
-    launcher = __import__("socket").create_server(("127.0.0.1", 0))
+    rank 2 only gets 1 MB from a process that is no rank (a launcher, here the test)."""
+    launcher = socket.create_server(("127.0.0.1", 0))
     procs = []
     try:
         r0 = _peer("listen")
@@ -86,6 +89,8 @@ def test_only_bytes_between_ranks_count(tmp_path: Path) -> None:
         own = _peer("self")  # a second process of rank 0: its bytes stay inside rank 0
         r2 = _peer("idle", str(launcher.getsockname()[1]))
         procs += [r1, own, r2]
+        to_r2, _ = launcher.accept()
+        to_r2.sendall(b"z" * NBYTES)
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         watch = SocketWatch()
@@ -100,6 +105,8 @@ def test_only_bytes_between_ranks_count(tmp_path: Path) -> None:
         for p in procs:
             p.communicate(timeout=30)
         launcher.close()
+        if "to_r2" in locals():
+            to_r2.close()
     # The counts are the kernel's: exactly what crossed between ranks 0 and 1.
     assert (sent, received) == ({0: NBYTES, 1: NBYTES, 2: 0}, {0: NBYTES, 1: NBYTES, 2: 0})
     # A model whose minimum fits under 1 MB: rank 2 alone is named.

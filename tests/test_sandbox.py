@@ -86,7 +86,7 @@ CLASS = {
     "network": ("fail", "low_accuracy"),
     "oversized": ("broken", "bad_checkpoint"),
     "memory_hog": ("broken", "crashed"),
-    "lone_rank": ("pass", "passed"),  # passes, with a warning that rank 1 did not train
+    "lone_rank": ("fail", "not_data_parallel"),  # no rank exchanged gradients with another
     "crash_one_rank": ("broken", "crashed"),
     "syntax_error": ("broken", "syntax_error"),
 }
@@ -150,10 +150,14 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     # The flood: 2 ranks x 50,000 lines of 2,000 bytes; the grader kept the last few.
     assert reports["flood"]["environment"]["output_lines"] >= 100_000
     assert rss_growth_mb < 150, f"the grader grew by {rss_growth_mb:.0f} MB"
-    # One rank did all the work: passed, but flagged; a data-parallel job is not.
+    # One rank did all the work: not data-parallel (no bytes between the ranks), and
+    # its CPU time shows which rank idled; a data-parallel job is neither.
     lone = [w for w in reports["lone_rank"]["warnings"] if w.startswith("rank 1 did not train")]
     assert lone, reports["lone_rank"]["warnings"]
-    assert not any("did not train" in w for w in reports["good_linear"]["warnings"])
+    assert "rank 1 sent 0.00 MB and received 0.00 MB" in reports["lone_rank"]["message"]
+    assert not any("did not train" in w or "not data-parallel" in w
+                   for w in reports["good_linear"]["warnings"])
+    assert all(r["sent_mb"] > 0 for r in reports["good_linear"]["ranks"])
     assert [r["rank"] for r in reports["good_linear"]["ranks"]] == [0, 1]
 
     # The table on disk, and a resumed batch grades only what is missing.
