@@ -61,6 +61,8 @@ def socket_bytes(pid: int, fd: int, libc: ctypes.CDLL | None = None
                  ) -> tuple[tuple[str, int], tuple[str, int], int] | None:
     """``(local address, peer address, bytes received)`` of the connected TCP socket
     ``fd`` of process ``pid``; ``None`` for anything else."""
+    if not hasattr(os, "pidfd_open"):  # not Linux
+        raise Unavailable(38, "no pidfd_open on this system")
     libc = libc or _libc()
     try:
         pidfd = os.pidfd_open(pid)

@@ -186,8 +186,13 @@ class _CpuWatch(threading.Thread):
                 if rank is not None:
                     self.by_rank[rank] = self.by_rank.get(rank, 0.0) + step
             for observer in self.observers:
-                with contextlib.suppress(psutil.Error, OSError):  # a process that just ended
+                try:
                     observer.sample(seen)
+                except (psutil.Error, OSError):  # a process that just ended
+                    pass
+                except Exception as e:  # a fault of the evidence: never judged on, and
+                    # the CPU sampling goes on
+                    observer.unavailable = observer.unavailable or f"{type(e).__name__}: {e}"
             self.samples.append((time.monotonic(), used))
             self._done.wait(self.every_s)
 

@@ -282,3 +282,24 @@ def test_the_references_pass_as_data_parallel(script: str, launcher: str) -> Non
     assert (r.reason, r.exit_code) == ("passed", 0), r.text()
     need_mb = participation.minimum_bytes(r.checkpoint["parameters"]) / 2**20
     assert min(min(row["sent_mb"], row["received_mb"]) for row in r.ranks) >= need_mb, r.ranks
+
+
+def test_a_fault_of_the_evidence_is_never_judged_on() -> None:
+    """A sampler that raises leaves the counts empty: that must read as "could not
+    check" (a warning), never as ranks that exchanged nothing (a verdict)."""
+    import time
+
+    from assessment import sandbox
+
+    class Faulty(SocketWatch):
+        def sample(self, procs: object) -> None:
+            raise RuntimeError("a bug in the sampler")
+
+    faulty = Faulty()
+    watch = sandbox._CpuWatch(every_s=0.05, observers=[faulty])
+    watch.start()
+    time.sleep(0.3)
+    watch.stop()
+    assert len(watch.samples) > 2  # the CPU sampling went on
+    findings, why = participation.judge(2, 1000, faulty, None)
+    assert findings == [] and "a bug in the sampler" in why
