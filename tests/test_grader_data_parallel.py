@@ -303,3 +303,44 @@ def test_a_fault_of_the_evidence_is_never_judged_on() -> None:
     assert len(watch.samples) > 2  # the CPU sampling went on
     findings, why = participation.judge(2, 1000, faulty, None)
     assert findings == [] and "a bug in the sampler" in why
+
+
+def test_gpu_watch_adds_each_ranks_nvml_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NVML stood in by a fake module (no GPU here): each rank's samples are summed,
+    each sample once (NVML is asked only for samples newer than the last one seen)."""
+    import types
+    from collections import namedtuple
+
+    sample = namedtuple("sample", "pid timeStamp smUtil")
+    feed = [[sample(100, 1, 90), sample(200, 1, 5), sample(300, 1, 50)],
+            [sample(100, 2, 80), sample(200, 2, 0)]]
+    asked: list[int] = []
+
+    class NVMLError(Exception):
+        pass
+
+    def utilisation(handle: object, since: int) -> list:
+        asked.append(since)
+        if not feed:
+            raise NVMLError("no new samples")
+        return [s for s in feed.pop(0) if s.timeStamp > since]
+
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+                                 nvmlDeviceGetCount=lambda: 1,
+                                 nvmlDeviceGetHandleByIndex=lambda i: f"gpu{i}",
+                                 nvmlDeviceGetProcessUtilization=utilisation, NVMLError=NVMLError)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpu = GpuWatch()
+    assert gpu.unavailable == ""
+
+    class Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+    procs = [(Proc(100), 0), (Proc(200), 1), (Proc(300), None)]  # 300: no rank (a launcher)
+    for _ in range(3):
+        gpu.sample(procs)
+    gpu.close()
+    assert asked == [0, 1, 2] and gpu.use == {0: 170.0, 1: 5.0}
+    findings, why = participation.judge(2, 1000, SocketWatch(), gpu)
+    assert why == "" and len(findings) == 1 and findings[0].startswith("rank 1 used 3%")
