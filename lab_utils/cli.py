@@ -15,11 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from . import data, dist, models, optim
@@ -130,10 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
     schedule = optim.lambda_lr(optimizer, optim.lr_schedule(steps, warmup_steps=warm,
                                                             decay="cosine"))
-    # DDP gets a group of its own: it holds its group past destroy_process_group, and the
-    # default group (metrics, the final barrier) must be freed at shutdown (see dist.shutdown).
-    wait = timedelta(seconds=dist.default_timeout_s())
-    net = DDP(model, process_group=tdist.new_group(timeout=wait)) if info.distributed else model
+    net = DDP(model) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,
                       checkpoint_path=args.epoch_checkpoint,

@@ -5,15 +5,14 @@ The starter, made data-parallel with what the course teaches:
 1. join the job: ``lab_utils.dist.set_torch_env_from_launcher()`` (torchrun, mpirun or
    one process), then ``torch.distributed.init_process_group`` with a timeout: Gloo on
    CPU, NCCL with ``torch.cuda.set_device(local_rank)``, one GPU per process;
-2. wrap the model in ``DistributedDataParallel`` (on a group of its own, see step 6);
+2. wrap the model in ``DistributedDataParallel``;
 3. give each rank its shard of every epoch with a tensor-resident ``TensorLoader``
    (no per-sample Python, batches augmented on the device);
 4. scale the learning rate with the global batch (linear rule) and warm it up from
    the single-process rate over the first half epoch (Goyal et al. 2017);
 5. evaluate exactly on the whole test set, each rank on its own part;
 6. rank 0 alone saves ``checkpoint.pt``; everyone meets at a barrier and calls
-   ``destroy_process_group()`` (DDP holds its own group past that call, so the default
-   group, freed here, is the one the script's own collectives use).
+   ``destroy_process_group()``.
 
 On CUDA it also trains in bfloat16 autocast with channels-last images.
 """
@@ -68,8 +67,7 @@ def main() -> None:
                          num_classes=len(ds.classes), **recipe["kwargs"]).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
-    net = DDP(model, device_ids=[local_rank] if cuda else None,
-              process_group=tdist.new_group(timeout=timeout))
+    net = DDP(model, device_ids=[local_rank] if cuda else None)
     torch.manual_seed(args.seed + rank)  # a different augmentation stream per rank
 
     train_loader = TensorLoader.from_dataset(

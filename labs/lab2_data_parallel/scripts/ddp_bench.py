@@ -10,17 +10,13 @@ and ``accum`` records.
 import argparse
 import contextlib
 import time
-from datetime import timedelta
 
 import torch
-import torch.distributed as tdist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist, metrics, models, profile
-
-TIMEOUT = timedelta(seconds=dist.default_timeout_s())
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,8 +52,7 @@ def make_model(args, device, bucket_cap_mb: float) -> tuple[DDP, CallCounter]:
     torch.manual_seed(0)
     net = models.build(args.arch, width=args.width, batch_norm=False).to(device)
     model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
-                bucket_cap_mb=bucket_cap_mb,
-                process_group=tdist.new_group(timeout=TIMEOUT))  # see train_ddp.py
+                bucket_cap_mb=bucket_cap_mb)
     counter = CallCounter()
     model.register_comm_hook(counter, counting_allreduce)
     return model, counter

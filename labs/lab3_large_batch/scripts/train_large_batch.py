@@ -12,7 +12,6 @@ stops scaling. Runs under torchrun, mpirun, horovodrun or alone:
 from __future__ import annotations
 
 import argparse
-from datetime import timedelta
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,11 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
     model = models.build("mlp", hidden=(256, 128)).to(device)  # no BatchNorm: exact N·b batch
     if info.distributed:  # one worker alone has no process group and needs no DDP
-        # DDP on a group of its own: DDP keeps its group alive past destroy_process_group,
-        # so on the default group Gloo's threads would outlive Python (abort at exit).
-        group = torch.distributed.new_group(timeout=timedelta(seconds=dist.default_timeout_s()))
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    process_group=group)
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
 
     global_batch = args.batch_per_worker * info.world_size
     lr = args.lr or optim.scale_lr(args.base_lr, args.base_batch, global_batch, args.scale)
