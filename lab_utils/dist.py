@@ -10,6 +10,11 @@ One :func:`init` works under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`
 (``HOROVOD_*``), Slurm's ``srun`` and a plain single process. It picks NCCL when the
 process has a GPU and Gloo otherwise, and gives every collective a timeout so a
 crashed or missing peer ends the job with an error instead of a hang.
+
+A rank that joined a group (through :func:`init`, or torch's own calls after
+:func:`set_torch_env_from_launcher` or under a launcher) ends without interpreter
+finalization and with Python's own exit status (:func:`leave_at_exit`): torch 2.13's
+Gloo threads would otherwise abort or hang a job that finished its work.
 """
 
 from __future__ import annotations
