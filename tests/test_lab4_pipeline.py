@@ -219,3 +219,15 @@ def test_a_crashed_stage_ends_the_pipeline(tmp_path):
     assert not result.ok and not result.timed_out and result.elapsed < timeout
     assert "deliberate crash" in result.output
     assert processes_matching(str(SCRIPT)) == []
+
+
+def test_bubble_check_takes_the_least_disturbed_of_the_timed_steps():
+    """One step delayed by another program passes; a disturbance in every step fails."""
+    quiet = [0.30, 0.30, 0.01]  # measured, replayed, noise
+    disturbed = [0.42, 0.37, 0.01]
+    run = {"schedule": "gpipe", "microbatches": 4, "stages": 2,
+           "every_step_bubble": [disturbed, quiet, disturbed]}
+    assert checks.check_bubble(run) > 0
+    run["every_step_bubble"] = [disturbed, disturbed, disturbed]
+    with pytest.raises(CheckFailed, match="0 of 3 agree"):
+        checks.check_bubble(run)
