@@ -23,10 +23,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import sandbox_or_skip
 
 from assessment import grade, jail, participation, targets
 from assessment.participation import GpuWatch, SocketWatch
-from lab_utils import data
 
 REPO = Path(__file__).resolve().parents[1]
 SUBMISSIONS = REPO / "tests" / "submissions"
@@ -203,14 +203,7 @@ MODES = {"spin": "busy-spin until the checkpoint appears", "exit": "exit at once
 
 
 def _sandbox_or_skip() -> targets.Target:
-    try:
-        jail.check()
-    except jail.JailError as e:
-        pytest.skip(f"no sandbox here: {e}")
-    try:
-        data.load("fashion-mnist", download=False)
-    except data.DataError as e:
-        pytest.skip(f"Fashion-MNIST is not installed here: {str(e).splitlines()[0]}")
+    sandbox_or_skip()
     return targets.load(SANDBOX_TARGET)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import sandbox_or_skip
 
 from assessment import batch, grade, integrity, jail, sandbox, targets
 from lab_utils import data
@@ -30,15 +31,6 @@ SUBMISSIONS = REPO / "tests" / "submissions"
 TARGET = SUBMISSIONS / "sandbox.toml"
 
 
-def _sandbox_or_skip() -> None:
-    try:
-        jail.check()
-    except jail.JailError as e:
-        pytest.skip(f"no sandbox here: {e}")
-    try:
-        data.load("fashion-mnist", download=False)
-    except data.DataError as e:
-        pytest.skip(f"Fashion-MNIST is not installed here: {str(e).splitlines()[0]}")
 
 
 def _checkout() -> dict[str, str]:
@@ -99,7 +91,7 @@ EXIT = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
 def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture) -> None:
-    _sandbox_or_skip()
+    sandbox_or_skip()
     folder = tmp_path / "class"
     folder.mkdir()
     for student in CLASS:
@@ -178,7 +170,7 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
 
 @pytest.mark.launcher
 def test_a_job_ignoring_sigterm_is_killed_at_the_deadline() -> None:
-    _sandbox_or_skip()
+    sandbox_or_skip()
     t = dataclasses.replace(targets.load(TARGET), budget_s=3.0, grace_s=2.0)
     r = grade.grade(SUBMISSIONS / "ignore_sigterm.py", t)
     assert (r.reason, r.exit_code, r.timed_out) == ("timeout", 1, True), r.text()
@@ -259,7 +251,7 @@ def test_the_sandbox_command_confines_the_job(tmp_path: Path,
 
 @pytest.mark.launcher
 def test_inside_the_sandbox_writes_outside_the_workdir_fail(tmp_path: Path) -> None:
-    _sandbox_or_skip()
+    sandbox_or_skip()
     work = tmp_path / "work"
     work.mkdir()
     probe = ("import pathlib, sys\n"
