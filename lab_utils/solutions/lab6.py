@@ -1,0 +1,70 @@
+"""Reference solutions for Lab 6 (used when ``LABS_SOLUTIONS=1``)."""
+
+from __future__ import annotations
+
+import torch
+
+
+# --------------------------------------------------------------------- 01–03
+def transformer_train_flops(n_layers: int, d_model: int, vocab: int, batch: int,
+                            seq_len: int) -> int:
+    """FLOPs of one training step (forward + backward) of ``char_transformer``.
+
+    Matrix products only. Each block has 12·d² weights in linear layers (q, k, v and
+    proj: 4·d²; the MLP d → 4d → d: 8·d²), the head d·vocab more: N weights. Every
+    token costs 2·N in the forward and 4·N in the backward (the gradients of the
+    input and of the weight): 6·N per token. Attention adds two products per layer,
+    QKᵀ and (softmax)·V, each 2·s²·d per sequence forward (the full s×s matrix: the
+    causal mask is applied after it is computed), three times that for a step.
+    """
+    tokens = batch * seq_len
+    n = n_layers * 12 * d_model**2 + d_model * vocab
+    attention = n_layers * 3 * (2 * 2 * batch * seq_len**2 * d_model)
+    return 6 * n * tokens + attention
+
+
+def cnn_train_flops(width: int, batch: int, image_size: int = 28, in_channels: int = 1,
+                    num_classes: int = 10) -> int:
+    """FLOPs of one training step of ``fmnist_cnn`` from its layer shapes.
+
+    A 3×3 convolution from C_in to C_out channels on an H×W map costs 2·9·C_in·C_out·H·W
+    per image forward; its backward computes the weight gradient (as much again) and the
+    input gradient (as much again), except for the first layer: its input is the data,
+    which needs no gradient. The classifier is a linear layer: 6·in·out per image.
+    """
+    convs = [(in_channels, width, image_size), (width, 2 * width, image_size // 2),
+             (2 * width, 4 * width, image_size // 4)]
+    total = 0
+    for i, (c_in, c_out, side) in enumerate(convs):
+        forward = 2 * 9 * c_in * c_out * side * side * batch
+        total += forward * (2 if i == 0 else 3)
+    features = 4 * width * (image_size // 4) ** 2
+    return total + 6 * features * num_classes * batch
+
+
+def memory_bound(intensity: float, peak_flops: float, bandwidth: float) -> bool:
+    """An operation is memory-bound when its arithmetic intensity (FLOPs per byte) is
+    below the ridge point peak / bandwidth: memory cannot feed the arithmetic units."""
+    return intensity < peak_flops / bandwidth
+
+
+def fp16_gradients(grads: torch.Tensor, scale: float) -> torch.Tensor:
+    """What fp16 keeps of fp32 gradients under loss scaling: scale, cast to fp16 (where
+    tiny values flush to zero), then back to fp32 and unscale."""
+    return (grads * scale).to(torch.float16).to(torch.float32) / scale
+
+
+def layer_activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int) -> int:
+    """Bytes one ``char_transformer`` block saves for backward in fp32 (4-byte values)
+    with PyTorch's fused CPU attention.
+
+    Korthikanti et al. count s·b·h·(34 + 5·a·s/h) bytes in 16-bit with dropout. Here:
+    no dropout (no masks) and a fused attention kernel that keeps no s×s matrix, only a
+    log-sum-exp per head and position. Saved s·b·h tensors: the block's input, LN1's
+    output, q, k, v, the attention output, the residual sum (LN2's input), LN2's output
+    (8 in all), the MLP's 4h-wide fc1 output and GELU output (8 more): 16·s·b·h values.
+    Each LayerNorm keeps a mean and 1/std per token (4·s·b), attention a log-sum-exp
+    per head (a·s·b).
+    """
+    sb = seq_len * batch
+    return 4 * (16 * sb * d_model + 4 * sb + n_heads * sb)
