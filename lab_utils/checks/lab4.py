@@ -200,3 +200,53 @@ def check_sharded_memory(per_rank: Mapping[str, float], psi: int, n: int, stage:
             fail(what, f"{key}: {got:,.0f} bytes per rank, formula {w:,.0f} (±{slack:.0%})",
                  "ZeRO-1 shards the optimizer state, ZeRO-2 also gradients, ZeRO-3/FSDP all three")
     passed(what, ", ".join(f"{k} {per_rank[k] / want[k]:.2f}× formula" for k in want))
+
+
+# ------------------------------------------------------------------ experts (notebook 8)
+def _route_cases() -> list[tuple[torch.Tensor, int, int]]:
+    g = torch.Generator().manual_seed(8)
+    skewed = torch.randn(40, 4, generator=g)
+    skewed[:, 1] += 2.0  # most tokens prefer expert 1: its slots run out
+    return [(torch.randn(12, 4, generator=g), 1, 3), (torch.randn(12, 4, generator=g), 2, 6),
+            (skewed, 2, 12), (torch.randn(30, 8, generator=g), 2, 5)]
+
+
+def check_top_k_route(fn: Callable) -> None:
+    """The student's router against the reference: the experts chosen, their gates, the
+    slot of every choice and which choices the capacity drops, on cases with drops."""
+    names = ("experts", "gates", "slots", "kept")
+    hints = {"experts": "take the k largest router probabilities, best first (topk)",
+             "gates": "softmax over all experts, then divide the k chosen by their sum",
+             "slots": "count, per expert, the choices before this one: all first choices in "
+                      "token order come before any second choice",
+             "kept": "a choice is kept when its slot < capacity"}
+    for logits, k, cap in _route_cases():
+        got, want = fn(logits, k, cap), reference.top_k_route(logits, k, cap)
+        if not isinstance(got, tuple) or len(got) != 4:
+            fail("top_k_route", f"returned {type(got).__name__}", "return (experts, gates, slots, kept)")
+        for name, a, b in zip(names, got, want):
+            ok = (a.shape == b.shape and (torch.allclose(a.float(), b.float(), atol=1e-6)))
+            if not ok:
+                fail("top_k_route", f"{name} differ for {logits.shape[0]} tokens, {logits.shape[1]} "
+                     f"experts, k={k}, capacity {cap}: got {a.tolist()[:3]}…, expected "
+                     f"{b.tolist()[:3]}…", hints[name])
+    passed("top_k_route: experts, gates, slots and drops equal the reference",
+           f"{len(_route_cases())} cases, with and without drops")
+
+
+def check_moe_run(run: Mapping, *, tol: float = 1e-5) -> None:
+    """An expert-parallel run: outputs, gradients and weights equal one process (float32
+    rounding), every all-to-all carried E · capacity · d values (a count), four per MoE
+    layer per step (dispatch and combine, forward and backward), and every choice is
+    accounted for (tokens per expert sum to tokens × k on each layer)."""
+    for key in ("outputs", "gradients", "weights"):
+        check_equal(run["errors"][key], tol=tol,
+                    what=f"{run['experts']} experts on {run['procs']} ranks: {key} = one process")
+    count(len(run["all_to_all_bytes"]), 4 * run["layers"],
+          what="all-to-alls in one step: 2 per MoE layer forward, 2 backward")
+    for i, b in enumerate(run["all_to_all_bytes"]):
+        count(b, run["formula_bytes"], what=f"bytes of all-to-all {i}: E · capacity · d · 4",
+              hint="each rank sends every expert's capacity slots, empty ones included")
+    tokens = run["tokens_per_rank"] * run["procs"] * run["top_k"]
+    for i, per in enumerate(run["first"]):
+        count(sum(per), tokens, what=f"layer {i}: choices routed = tokens × k")

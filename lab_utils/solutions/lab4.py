@@ -48,3 +48,21 @@ def attention_heads_shard(x: torch.Tensor, wq: torch.Tensor, bq: torch.Tensor, w
     q, k, v = (heads(x @ w[part].T + bias[part]) for w, bias in ((wq, bq), (wk, bk), (wv, bv)))
     y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     return y.transpose(1, 2).reshape(b, t, width) @ wo[:, part].T
+
+
+def top_k_route(logits: torch.Tensor, k: int, capacity: int) -> tuple[torch.Tensor, ...]:
+    """Top-k routing with a capacity per expert, for ``logits`` of shape ``(N, E)``.
+
+    Returns ``(experts, gates, slots, kept)``, each ``(N, k)``: the chosen experts in
+    order of preference, their softmax probabilities renormalised over the k choices,
+    each choice's slot in its expert's buffer (how many choices of that expert came
+    before it: every token's first choice, in token order, then every second choice, …),
+    and whether the slot is below ``capacity`` (a choice beyond it is dropped).
+    """
+    probs = torch.softmax(logits, dim=-1)
+    top, experts = probs.topk(k, dim=-1)
+    gates = top / top.sum(dim=-1, keepdim=True)
+    n, n_experts = logits.shape
+    onehot = F.one_hot(experts.T.reshape(-1), n_experts)  # (k·N, E), choice-major
+    slots = ((onehot.cumsum(0) - 1) * onehot).sum(-1).view(k, n).T
+    return experts, gates, slots, slots < capacity
