@@ -1,0 +1,300 @@
+"""Data parallelism built by hand: broadcast, bucketed asynchronous all-reduces during backward.
+
+1. Equivalence: the character transformer trained --steps SGD steps by HandDDP (hooks
+   launch one asynchronous all-reduce per bucket as soon as its last gradient is
+   ready; the optimizer waits for them) and by DistributedDataParallel from the same
+   start on the same batches; rank 0 reports how far gradients and weights differ.
+2. Timing, shown: naive (all-reduce after backward) and overlapped HandDDP and DDP,
+   timed interleaved (A B C C B A ...) in the same run.
+3. An α–β model of the all-reduce (t = α + β·bytes) fitted from timed all-reduces; it
+   replays the overlapped backward for each --bucket-kb and predicts the best bucket,
+   shown beside the bucket size that measured fastest.
+
+    torchrun --standalone --nproc-per-node 2 ddp_by_hand.py
+    mpirun -np 2 python ddp_by_hand.py --bucket-kb 16 64 256 1024
+"""
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import torch
+import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from lab_utils import dist, metrics, parallel, profile
+
+BUGS = ("none", "no_average", "early_bucket")
+
+
+def make_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
+    """Indices of the parameters in each bucket: in reverse order of registration (the
+    order backward produces gradients), a new bucket once the next one would pass
+    ``cap`` bytes (a parameter larger than ``cap`` gets a bucket of its own)."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i in reversed(range(len(nbytes))):
+        if buckets and size + nbytes[i] <= cap:
+            buckets[-1].append(i)
+            size += nbytes[i]
+        else:
+            buckets.append([i])
+            size = nbytes[i]
+    return buckets
+
+
+class HandDDP:
+    """DistributedDataParallel by hand.
+
+    [1] rank 0's weights are broadcast, so every rank starts equal;
+    [2] each parameter gets a post-accumulate-grad hook; when the last gradient of a
+        bucket has arrived, the bucket is flattened and all-reduced asynchronously
+        while backward goes on computing the earlier layers' gradients (overlap);
+    [3] ``finish()`` waits for every bucket, divides by the number of ranks (the
+        average) and copies the result back into the ``.grad`` tensors.
+    ``overlap=False`` is the naive version: nothing is sent until backward has ended.
+    ``bug`` makes one deliberate mistake (to show that the equivalence check catches it)."""
+
+    def __init__(self, model: torch.nn.Module, bucket_bytes: int, *, overlap: bool = True,
+                 bug: str = "none") -> None:
+        self.model, self.overlap, self.bug = model, overlap, bug
+        self.n = tdist.get_world_size()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:  # [1] everybody starts from rank 0's weights
+            tdist.broadcast(p.data, src=0)
+        sizes = [p.numel() * p.element_size() for p in self.params]
+        self.buckets = [[self.params[i] for i in b] for b in make_buckets(sizes, bucket_bytes)]
+        self.bucket_of = {id(p): k for k, b in enumerate(self.buckets) for p in b}
+        self.ready = [0] * len(self.buckets)
+        self.pending: list[tuple[tdist.Work, torch.Tensor, int]] = []
+        for p in self.params:  # [2]
+            p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        k = self.bucket_of[id(p)]
+        self.ready[k] += 1
+        launch = self.ready[k] == (1 if self.bug == "early_bucket" else len(self.buckets[k]))
+        if self.overlap and launch:  # [2] the bucket is complete: send it now, keep computing
+            self._launch(k)
+
+    def _launch(self, k: int) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[k]]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.pending.append((tdist.all_reduce(flat, async_op=True), flat, k))
+
+    def finish(self) -> None:
+        """[3] Wait for every bucket, average, write the gradients back."""
+        if not self.overlap:  # naive: everything is sent after backward
+            for k in range(len(self.buckets)):
+                self._launch(k)
+        for work, flat, k in self.pending:
+            work.wait()
+            if self.bug != "no_average":
+                flat /= self.n
+            offset = 0
+            for p in self.buckets[k]:
+                if p.grad is not None:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        self.pending.clear()
+        self.ready = [0] * len(self.buckets)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    P = profile.current()
+    p = profile.script_parser(__doc__.splitlines()[0])
+    parallel.add_model_args(p)
+    p.add_argument("--bucket-kb", nargs="+", type=float,
+                   default=P.pick(quick=[16, 128, 1024], cpu=[8, 32, 128, 512, 2048],
+                                  gpu=[256, 1024, 4096, 25600]),
+                   help="bucket sizes (KiB) timed; the first is used for the equivalence check")
+    p.add_argument("--repeats", type=int, default=P.pick(quick=3, cpu=8, gpu=10),
+                   help="timed rounds; each round times every variant once, in alternating order")
+    p.add_argument("--bug", choices=BUGS, default="none",
+                   help="make HandDDP wrong on purpose: forget the average, or send a bucket "
+                        "as soon as its first gradient is ready")
+    p.add_argument("--no-timing", action="store_true", help="only the equivalence check")
+    return p.parse_args(argv)
+
+
+def my_batch(args: argparse.Namespace, data, step: int, device: torch.device):  # noqa: ANN001, ANN201
+    """This rank's share of the global batch of ``step``."""
+    rank, n = tdist.get_rank(), tdist.get_world_size()
+    x, y = data.batch(args.batch_size, args.seq_len, step, args.seed)
+    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    return x[mine].to(device), y[mine].to(device)
+
+
+def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
+
+
+def equivalence(args: argparse.Namespace, data, device: torch.device) -> dict:  # noqa: ANN001
+    """Train HandDDP and DDP side by side; the largest relative difference of the
+    averaged gradients over the steps, and of the weights at the end."""
+    torch.manual_seed(args.seed + 1 + tdist.get_rank())  # different starts: the broadcast must fix them
+    mine = parallel.build_model(args).to(device)
+    for q in mine.parameters():  # a model that differs on every rank before [1]
+        q.data.add_(torch.randn_like(q), alpha=0.01 * tdist.get_rank())
+    hand = HandDDP(mine, int(args.bucket_kb[0] * 1024), bug=args.bug)
+    ref = DDP(parallel.build_model(args).to(device),
+              device_ids=[device.index] if device.type == "cuda" else None)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (mine, ref)]
+    grad_err = 0.0
+    for step in range(args.steps):
+        x, y = my_batch(args, data, step, device)
+        for m, opt in zip((mine, ref), opts):
+            opt.zero_grad()
+            parallel.lm_loss(m(x), y).backward()
+        hand.finish()  # [3] before the optimizer step
+        grad_err = max(grad_err, parallel.relative_error(grads_of(mine), grads_of(ref.module)))
+        for opt in opts:
+            opt.step()
+    weight_err = parallel.relative_error(dict(mine.named_parameters()),
+                                         dict(ref.module.named_parameters()))
+    return {"event": "equivalence", "bug": args.bug, "steps": args.steps,
+            "buckets": len(hand.buckets), "bucket_kb": args.bucket_kb[0],
+            "grad_rel_err": grad_err, "weight_rel_err": weight_err}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Variant:
+    """One way of training, timed step by step."""
+
+    def __init__(self, name: str, args: argparse.Namespace, device: torch.device,
+                 bucket_kb: float, kind: str) -> None:
+        model = parallel.build_model(args).to(device)
+        self.name, self.kind, self.hand = name, kind, None
+        if kind == "ddp":
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                        bucket_cap_mb=bucket_kb / 1024)
+        elif kind in ("naive", "overlap"):
+            self.hand = HandDDP(model, int(bucket_kb * 1024), overlap=kind == "overlap")
+        self.model, self.device = model, device
+        self.opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        self.seconds: list[float] = []
+        self.backward_seconds: list[float] = []
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        sync(self.device)
+        start = time.perf_counter()
+        self.opt.zero_grad()
+        loss = parallel.lm_loss(self.model(x), y)
+        t_bwd = time.perf_counter()
+        loss.backward()
+        sync(self.device)
+        self.backward_seconds.append(time.perf_counter() - t_bwd)
+        if self.hand is not None:
+            self.hand.finish()
+        self.opt.step()
+        sync(self.device)
+        self.seconds.append(time.perf_counter() - start)
+
+
+def interleaved_times(variants: list[Variant], args: argparse.Namespace, data,  # noqa: ANN001
+                      device: torch.device) -> None:
+    """One warm-up step each, then --repeats rounds, the order reversed every other
+    round (A B C, C B A, ...) so a machine that gets busier favours no variant."""
+    x, y = my_batch(args, data, 0, device)
+    for v in variants:
+        v.step(x, y)
+        v.seconds.clear()
+        v.backward_seconds.clear()
+    for r in range(args.repeats):
+        x, y = my_batch(args, data, r + 1, device)
+        for v in (variants if r % 2 == 0 else variants[::-1]):
+            tdist.barrier()  # every rank starts the variant together
+            v.step(x, y)
+
+
+def allreduce_times(device: torch.device, sizes: list[int], repeats: int) -> list[float]:
+    """Median seconds of one all-reduce of each size (bytes of float32)."""
+    out = []
+    for nbytes in sizes:
+        t = torch.ones(max(1, nbytes // 4), device=device)
+        tdist.all_reduce(t)  # warm-up
+        times = []
+        for _ in range(repeats):
+            tdist.barrier()
+            sync(device)
+            start = time.perf_counter()
+            tdist.all_reduce(t)
+            sync(device)
+            times.append(time.perf_counter() - start)
+        out.append(statistics.median(times))
+    return out
+
+
+def fit_alpha_beta(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares α (s) and β (s/byte) of t = α + β·bytes."""
+    beta, alpha = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
+    return float(max(alpha, 0.0)), float(max(beta, 0.0))
+
+
+def replay_exposed(bucket_bytes: list[int], backward_s: float, alpha: float, beta: float) -> float:
+    """Communication left after backward ends, when bucket i is ready once backward has
+    produced its share of the gradient bytes and the all-reduces run one after another
+    (α + β·bytes each)."""
+    total, done, free = sum(bucket_bytes), 0, 0.0
+    for b in bucket_bytes:
+        done += b
+        ready = backward_s * done / total
+        free = max(free, ready) + alpha + beta * b
+    return max(0.0, free - backward_s)
+
+
+def main() -> None:
+    args = parse_args()
+    n = dist.detect().world_size
+    parallel.require(args.batch_size % n == 0, f"the global batch {args.batch_size} cannot be "
+                     f"split over {n} processes: use a --batch-size divisible by {n}")
+    info = dist.init(group_if_alone=True)
+    device = info.device
+    data = parallel.corpus(args)
+
+    eq = equivalence(args, data, device)
+    metrics.emit({**eq, "procs": n})
+    dist.print0(f"HandDDP (bug={args.bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
+                f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}")
+    if args.no_timing:
+        dist.shutdown()
+        return
+
+    # -- 2. naive vs overlapped vs DDP, same bucket size, interleaved
+    kb = args.bucket_kb[0]
+    side = [Variant("naive", args, device, kb, "naive"), Variant("overlapped", args, device, kb, "overlap"),
+            Variant("DDP", args, device, kb, "ddp")]
+    interleaved_times(side, args, data, device)
+    # -- 3. the bucket sizes, overlapped, interleaved; backward without any communication
+    alone = Variant("no communication", args, device, kb, "none")
+    caps = [Variant(f"{b:g} KiB", args, device, b, "overlap") for b in args.bucket_kb]
+    interleaved_times([alone, *caps], args, data, device)
+    sizes = [2 ** k for k in range(10, 23, 2)]
+    ar = allreduce_times(device, sizes, args.repeats)
+    alpha, beta = fit_alpha_beta(sizes, ar)
+    backward_s = statistics.median(alone.backward_seconds)
+    psi_bytes = sum(p.numel() * p.element_size() for p in alone.model.parameters())
+    per_cap = []
+    for b, v in zip(args.bucket_kb, caps):
+        bb = [sum(p.numel() * p.element_size() for p in bucket) for bucket in v.hand.buckets]
+        per_cap.append({"bucket_kb": b, "buckets": len(bb), "step_s": v.seconds,
+                        "predicted_exposed_s": replay_exposed(bb, backward_s, alpha, beta)})
+    result = {"event": "timing", "procs": n, "repeats": args.repeats, "bucket_kb": kb,
+              "psi_bytes": psi_bytes, "variants": {v.name: v.seconds for v in side},
+              "alpha_s": alpha, "beta_s_per_byte": beta, "allreduce_bytes": sizes,
+              "allreduce_s": ar, "backward_s": backward_s, "no_comm_step_s": alone.seconds,
+              "caps": per_cap}
+    metrics.emit(result)
+    med = {v.name: statistics.median(v.seconds) * 1e3 for v in side}
+    dist.print0("median step (ms): " + ", ".join(f"{k} {t:.1f}" for k, t in med.items()))
+    dist.print0(f"all-reduce fit: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s")
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,94 @@
+"""Profile DistributedDataParallel steps with torch.profiler: one Chrome trace per rank.
+
+For each --bucket-cap-mb the character transformer is wrapped in DDP with that bucket
+size and trained --warmup + --active steps inside ``torch.profiler.profile``; the
+active steps are recorded and each rank writes ``<out>/ddp_b<cap>_rank<r>.json`` (open
+it in Perfetto, https://ui.perfetto.dev, or chrome://tracing). Rank 0 reports where the
+traces are; the notebook reads them with ``lab_utils.trace``.
+
+    torchrun --standalone --nproc-per-node 2 profile_ddp.py --bucket-cap-mb 0.05 1 25
+    mpirun -np 2 python profile_ddp.py
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from lab_utils import dist, metrics, parallel, paths
+from lab_utils import profile as lab_profile
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = lab_profile.script_parser(__doc__.splitlines()[0])
+    parallel.add_model_args(p)
+    p.add_argument("--bucket-cap-mb", nargs="+", type=float, default=[0.05, 25.0],
+                   help="DDP bucket sizes (MB) to profile, one trace per size and rank")
+    p.add_argument("--warmup", type=int, default=1, help="steps run before recording")
+    p.add_argument("--active", type=int, default=2, help="steps recorded in the trace")
+    p.add_argument("--out", default=None, help="folder of the traces (default runs/lab6/traces)")
+    return p.parse_args(argv)
+
+
+def activities(device: torch.device) -> list:
+    """CPU operators always; the GPU's kernels (and NCCL's) where there is one."""
+    return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+
+
+def bucket_count(ddp: DDP) -> int:
+    """How many buckets DDP made (after its first step it rebuilds them in the order
+    gradients arrived); each is one all-reduce per step."""
+    return len(ddp.reducer._get_zeros_like_grad_buckets())
+
+
+def profiled_run(args: argparse.Namespace, cap: float, device: torch.device,
+                 out: Path) -> tuple[Path, int]:
+    """Train warm-up + active DDP steps with bucket size ``cap`` MB under the profiler;
+    return the path of this rank's Chrome trace and DDP's bucket count."""
+    model = parallel.build_model(args).to(device)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+              bucket_cap_mb=cap)
+    opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    data = parallel.corpus(args)
+    rank, n = tdist.get_rank(), tdist.get_world_size()
+    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    steps = args.warmup + args.active
+    path = out / f"ddp_b{cap:g}_rank{rank}.json"
+    with profile(activities=activities(device),
+                 schedule=schedule(wait=0, warmup=args.warmup, active=args.active),
+                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for step in range(steps):
+            x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))
+            opt.zero_grad()
+            parallel.lm_loss(ddp(x[mine]), y[mine]).backward()
+            opt.step()
+            prof.step()
+    return path, bucket_count(ddp)
+
+
+def main() -> None:
+    args = parse_args()
+    n = dist.detect().world_size
+    parallel.require(args.batch_size % n == 0, f"the global batch {args.batch_size} cannot be "
+                     f"split over {n} processes: use a --batch-size divisible by {n}")
+    info = dist.init(group_if_alone=True)
+    out = Path(args.out) if args.out else paths.runs_dir("lab6") / "traces"
+    out.mkdir(parents=True, exist_ok=True)
+    psi = None
+    for cap in args.bucket_cap_mb:
+        path, buckets = profiled_run(args, cap, info.device, out)
+        psi = psi or sum(q.numel() for q in parallel.build_model(args).parameters())
+        tdist.barrier()
+        metrics.emit({"event": "trace", "bucket_cap_mb": cap, "procs": n, "psi": psi,
+                      "active_steps": args.active, "buckets": buckets,
+                      "paths": [str(out / f"ddp_b{cap:g}_rank{r}.json") for r in range(n)]})
+        dist.print0(f"bucket_cap_mb {cap:g}: {buckets} buckets; traces "
+                    f"{path.name.replace('rank0', 'rank*')} in {out}")
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()
