@@ -24,23 +24,20 @@ def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, tuple[flo
     hi = max([*intensities, ridge]) * 4
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     ax.plot(x, np.minimum(peak_flops, x * bandwidth) / 1e9, color="black", lw=2, label="roofline")
-    ax.axvline(ridge, color="grey", ls=":", lw=1)
-    ax.annotate(f"ridge {ridge:.3g} FLOP/B", (ridge, peak_flops / 1e9), textcoords="offset points",
-                xytext=(4, -14), fontsize=8, color="grey")
-    for name, (intensity, achieved) in points.items():
-        ax.scatter(intensity, achieved / 1e9, s=40, zorder=3)
-        ax.annotate(name, (intensity, achieved / 1e9), textcoords="offset points", xytext=(5, 3),
-                    fontsize=8)
+    ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge point {ridge:.3g} FLOP/byte")
+    markers = "osD^vP*Xh"
+    for i, (name, (intensity, achieved)) in enumerate(points.items()):
+        ax.scatter(intensity, achieved / 1e9, s=45, zorder=3, marker=markers[i % len(markers)],
+                   label=name)
     for name, intensity in (lines or {}).items():
-        ax.axvline(intensity, color="tab:red", ls="--", lw=1)
-        ax.annotate(name, (intensity, peak_flops / 1e9 / 30), rotation=90, fontsize=8,
-                    color="tab:red", textcoords="offset points", xytext=(3, 0))
+        ax.axvline(intensity, color="tab:red", ls="--", lw=1, label=f"{name} (intensity only)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
     ax.set_ylabel("GFLOP/s")
     ax.set_title(title or "roofline from the measured peak and bandwidth", fontsize=10)
     ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
 
 
