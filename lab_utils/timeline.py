@@ -3,15 +3,18 @@
 Wrap a pipeline stage's layers in :class:`TimedStage`; it records when each
 micro-batch's forward and backward start and end on this rank (the backward ends
 are caught by identity autograd functions placed at the stage's input and output),
-and how many bytes of activations autograd saved for it. From the events of all
-ranks: :func:`bubble_fraction` (idle share of the step), :func:`in_flight`
-(micro-batches forwarded but not yet backwarded).
+and how many bytes of activations autograd saved for it. :class:`StageTimer` does the
+same for schedules with several stages per rank (interleaved, zero bubble): it times
+the blocks ``PipelineStage`` runs, F, B (the backward for the inputs, or the whole
+backward) and W (the backward for the weights), each tagged with its stage. From the
+events of all ranks: :func:`bubble_fraction` (idle share of the step),
+:func:`in_flight` (micro-batches forwarded but not yet through their last backward).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -24,7 +27,8 @@ from .checks import spread
 
 @dataclass
 class Event:
-    """One span of work: ``kind`` is ``"F"`` or ``"B"``, ``mb`` the micro-batch."""
+    """One span of work: ``kind`` is ``"F"``, ``"B"`` or ``"W"``, ``mb`` the micro-batch,
+    ``stage`` the pipeline stage (−1: the rank's only stage, numbered like the rank)."""
 
     rank: int
     kind: str
@@ -32,9 +36,19 @@ class Event:
     start: float
     end: float
     saved_bytes: int = 0
+    stage: int = -1
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def at(self) -> int:
+        """The stage this block ran on."""
+        return self.rank if self.stage < 0 else self.stage
+
+    @property
+    def key(self) -> tuple[int, str, int]:
+        return (self.at, self.kind, self.mb)
 
 
 class _Mark(torch.autograd.Function):
@@ -105,6 +119,82 @@ class TimedStage(nn.Module):
         return x
 
 
+class StageTimer:
+    """Times the blocks that ``torch.distributed.pipelining`` runs on this rank's stages.
+
+    Wraps each ``PipelineStage``'s ``forward_one_chunk`` (F; the bytes autograd saves in
+    it are counted), ``backward_one_chunk`` (B: the backward for the stage's inputs in a
+    zero-bubble schedule, the whole backward otherwise) and ``backward_weight_one_chunk``
+    (W: the backward for the weights). Receiving a block's input happens before the
+    call, sending its output after it, so a block is the stage's own work. Call
+    :meth:`reset` before each step."""
+
+    def __init__(self, stages: Sequence, rank: int) -> None:
+        self.rank = rank
+        self.reset()
+        for stage in stages:
+            self._wrap(stage)
+
+    def reset(self) -> None:
+        self.events: list[Event] = []
+
+    def _now(self, device: torch.device) -> float:
+        if device.type == "cuda":  # kernels run asynchronously: wait for them
+            torch.cuda.synchronize(device)
+        return time.time()
+
+    def _record(self, stage, kind: str, mb: int, call, saved: int | None = None):  # noqa: ANN001, ANN202
+        start = self._now(stage.device)
+        if saved is None:
+            out = call()
+            nbytes = 0
+        else:
+            counter = memory.SavedTensorCounter(stage.submod.parameters())
+            with counter.hooks():
+                out = call()
+            nbytes = counter.bytes
+        self.events.append(Event(self.rank, kind, mb, start, self._now(stage.device), nbytes,
+                                 stage.stage_index))
+        return out
+
+    def _wrap(self, stage) -> None:  # noqa: ANN001
+        forward, backward, weight = (stage.forward_one_chunk, stage.backward_one_chunk,
+                                     stage.backward_weight_one_chunk)
+
+        def timed_forward(mb, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            return self._record(stage, "F", mb, lambda: forward(mb, *args, **kwargs), saved=0)
+
+        def timed_backward(mb, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            return self._record(stage, "B", mb, lambda: backward(mb, *args, **kwargs))
+
+        def timed_weight(mb, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            return self._record(stage, "W", mb, lambda: weight(mb, *args, **kwargs))
+
+        stage.forward_one_chunk = timed_forward
+        stage.backward_one_chunk = timed_backward
+        stage.backward_weight_one_chunk = timed_weight
+
+
+def schedule_actions(schedule) -> dict[int, list[tuple[int, str, int]]]:  # noqa: ANN001
+    """Per rank, the compute blocks ``(stage, kind, micro-batch)`` of a
+    ``torch.distributed.pipelining`` schedule, in the order it runs them: F; B for a
+    whole backward or the backward for the inputs; W for the backward for the weights.
+    Blocks that the schedule overlaps (DualPipeV's F and B pairs) run one after the other
+    on a CPU, so they are listed in that order."""
+    plan = getattr(schedule, "pipeline_order_with_comms", None) or schedule.pipeline_order
+    kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}
+    out: dict[int, list[tuple[int, str, int]]] = {}
+    for rank, actions in plan.items():
+        flat = []
+        for a in actions:
+            if a is None:
+                continue
+            flat.extend(a.sub_actions if a.sub_actions else [a])
+        out[rank] = [(a.stage_index, kinds[a.computation_type.value], a.microbatch_index)
+                     for a in flat if a.computation_type.value in kinds]
+    return out
+
+
 def _events(events: Sequence[Event | dict]) -> list[Event]:
     return [e if isinstance(e, Event) else Event(**e) for e in events]
 
@@ -141,15 +231,22 @@ def ideal_bubble(p: int, m: int) -> float:
 
 def in_flight(events: Sequence[Event | dict]) -> dict[int, tuple[int, int]]:
     """Per rank: (most micro-batches held at once, most activation bytes held at once)
-    — a micro-batch is held from the end of its forward to the end of its backward."""
+    — a micro-batch is held on a stage from the end of its forward to the end of its
+    last backward block there (B, or W when the weights' backward is split off: it
+    still needs the saved activations). With several stages per rank, each stage's
+    micro-batches count."""
     out: dict[int, tuple[int, int]] = {}
     by_rank: dict[int, list[Event]] = {}
     for e in _events(events):
         by_rank.setdefault(e.rank, []).append(e)
     for rank, ev in by_rank.items():
-        fwd_bytes = {e.mb: e.saved_bytes for e in ev if e.kind == "F"}
-        changes = sorted([(e.end, 1, fwd_bytes[e.mb]) for e in ev if e.kind == "F"]
-                         + [(e.end, -1, -fwd_bytes.get(e.mb, 0)) for e in ev if e.kind == "B"])
+        fwd_bytes = {(e.at, e.mb): e.saved_bytes for e in ev if e.kind == "F"}
+        released: dict[tuple[int, int], float] = {}
+        for e in ev:
+            if e.kind != "F":
+                released[(e.at, e.mb)] = max(released.get((e.at, e.mb), e.end), e.end)
+        changes = sorted([(e.end, 1, fwd_bytes[(e.at, e.mb)]) for e in ev if e.kind == "F"]
+                         + [(t, -1, -fwd_bytes.get(k, 0)) for k, t in released.items()])
         n = b = peak_n = peak_b = 0
         for _, dn, db in changes:
             n, b = n + dn, b + db
@@ -189,30 +286,46 @@ def measured_order(events: Sequence[Event | dict]) -> dict[int, list[tuple[str, 
     return out
 
 
-def _waits_for(kind: str, mb: int, rank: int, p: int) -> tuple[int, str, int] | None:
-    """The block on another stage whose result this one needs (None on the ends)."""
+def measured_actions(events: Sequence[Event | dict]) -> dict[int, list[tuple[int, str, int]]]:
+    """Per rank, the blocks ``(stage, kind, micro-batch)`` in the order they started."""
+    out: dict[int, list[tuple[int, str, int]]] = {}
+    for e in sorted(_events(events), key=lambda e: (e.rank, e.start)):
+        out.setdefault(e.rank, []).append(e.key)
+    return out
+
+
+def _waits_for(kind: str, mb: int, stage: int, n_stages: int) -> tuple[int, str, int] | None:
+    """The block whose result this one needs: the previous stage's forward; the next
+    stage's backward (on the last stage, this micro-batch's forward and loss); for W, the
+    B of the same stage and micro-batch. None for the first stage's forward."""
     if kind == "F":
-        return (rank - 1, "F", mb) if rank > 0 else None
-    return (rank + 1, "B", mb) if rank < p - 1 else None
+        return (stage - 1, "F", mb) if stage > 0 else None
+    if kind == "W":
+        return (stage, "B", mb)
+    return (stage + 1, "B", mb) if stage < n_stages - 1 else (stage, "F", mb)
+
+
+def _n_stages(ev: Sequence[Event]) -> int:
+    return max(e.at for e in ev) + 1
 
 
 def leads(events: Sequence[Event | dict]) -> dict[tuple[int, str], list[float]]:
-    """Per (rank, kind): for each block, the time from the moment it could start (the
-    previous block on its stage and the block it waits for have ended) to its start —
+    """Per (stage, kind): for each block, the time from the moment it could start (the
+    previous block on its rank and the block it waits for have ended) to its start —
     sending, receiving, the loss and Python between blocks, in this run."""
     ev = _events(events)
-    p = len({e.rank for e in ev})
-    by_key = {(e.rank, e.kind, e.mb): e for e in ev}
+    n = _n_stages(ev)
+    by_key = {e.key: e for e in ev}
     out: dict[tuple[int, str], list[float]] = {}
-    for rank, order in measured_order(ev).items():
+    for order in measured_actions(ev).values():
         prev_end = None
-        for kind, mb in order:
-            e = by_key[(rank, kind, mb)]
-            dep = by_key.get(_waits_for(kind, mb, rank, p) or (-1, "", -1))
+        for key in order:
+            e = by_key[key]
+            dep = by_key.get(_waits_for(e.kind, e.mb, e.at, n) or (-1, "", -1))
             ready = max([t for t in (prev_end, dep.end if dep else None) if t is not None],
                         default=None)
             if ready is not None:
-                out.setdefault((rank, kind), []).append(max(e.start - ready, 0.0))
+                out.setdefault((e.at, e.kind), []).append(max(e.start - ready, 0.0))
             prev_end = e.end
     return out
 
@@ -227,36 +340,47 @@ class Replay:
     critical: list[tuple[int, str, int]]
 
 
-def replay(events: Sequence[Event | dict], schedule: str) -> Replay:
+def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence]) -> Replay:
     """Replay ``schedule`` from the measured durations of each block and the median
     measured overhead per (stage, kind) (:func:`leads`), starting when the measured step
-    started. A measured timeline whose stages idle only because of the schedule and
-    these costs has (up to the run's spread) the replay's bubble."""
+    started. ``schedule`` is ``"gpipe"`` or ``"1f1b"`` (one stage per rank), or per rank
+    the blocks ``(stage, kind, micro-batch)`` in the schedule's order
+    (:func:`schedule_actions`). A measured timeline whose stages idle only because of
+    the schedule and these costs has (up to the run's spread) the replay's bubble."""
     ev = _events(events)
-    p = len({e.rank for e in ev})
-    m = sum(1 for e in ev if e.rank == ev[0].rank and e.kind == "F")
-    measured = {(e.rank, e.kind, e.mb): e for e in ev}
+    n = _n_stages(ev)
+    measured = {e.key: e for e in ev}
     lead = {key: float(np.median(v)) for key, v in leads(ev).items()}
-    orders = {r: schedule_order(schedule, p, m, r) for r in range(p)}
+    if isinstance(schedule, str):
+        p = len({e.rank for e in ev})
+        m = sum(1 for e in ev if e.rank == ev[0].rank and e.kind == "F")
+        orders = {r: [(r, k, i) for k, i in schedule_order(schedule, p, m, r)] for r in range(p)}
+    else:
+        orders = {int(r): [tuple(a) for a in acts] for r, acts in schedule.items()}
+        p = len(orders)
     t0 = span(ev)[0]
     placed: dict[tuple[int, str, int], Event] = {}
     after: dict[tuple[int, str, int], tuple[int, str, int] | None] = {}
-    nxt = dict.fromkeys(range(p), 0)
+    nxt = dict.fromkeys(orders, 0)
+    if sum(len(o) for o in orders.values()) != len(measured):
+        raise ValueError(f"the schedule has {sum(len(o) for o in orders.values())} blocks, the "
+                         f"timeline {len(measured)}: the timeline is not this schedule's")
     while len(placed) < len(measured):
         progressed = False
-        for r in range(p):
+        for r in orders:
             if nxt[r] == len(orders[r]):
                 continue
-            kind, mb = orders[r][nxt[r]]
-            dep = _waits_for(kind, mb, r, p)
+            stage, kind, mb = key = orders[r][nxt[r]]
+            dep = _waits_for(kind, mb, stage, n)
             if dep is not None and dep not in placed:
                 continue
-            prev = (r, *orders[r][nxt[r] - 1]) if nxt[r] else None
+            prev = orders[r][nxt[r] - 1] if nxt[r] else None
             bound = max((k for k in (prev, dep) if k is not None),
                         key=lambda k: placed[k].end, default=None)
-            start = placed[bound].end + lead.get((r, kind), 0.0) if bound else t0
-            key = (r, kind, mb)
-            placed[key] = Event(r, kind, mb, start, start + measured[key].end - measured[key].start)
+            start = placed[bound].end + lead.get((stage, kind), 0.0) if bound else t0
+            placed[key] = Event(r, kind, mb, start,
+                                start + measured[key].end - measured[key].start,
+                                stage=stage if stage != r or n != p else -1)
             after[key] = bound
             nxt[r] += 1
             progressed = True
