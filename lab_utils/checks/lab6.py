@@ -161,3 +161,83 @@ def check_layer_activation_bytes(fn: Callable) -> None:
         fail("layer_activation_bytes", f"(s, b, h, a) = {(s, b, h, a)}: you said {got!r} bytes, "
              f"the meter counted {measured:,}", hint)
     passed("layer_activation_bytes: equal to the saved-tensor meter on 3 shapes")
+
+
+# --------------------------------------------------------------------- 04–06
+def check_make_buckets(fn: Callable) -> None:
+    """The student's buckets equal DDP's rule on several parameter lists and caps."""
+    cases = [([40, 8, 40, 8, 16], 48), ([100, 4, 100, 4], 64), ([4] * 10, 12), ([64, 64], 1000)]
+    for sizes, cap in cases:
+        got, want = fn(list(sizes), cap), reference.make_buckets(list(sizes), cap)
+        if got == want:
+            continue
+        flat = [i for b in (got or []) for i in b] if isinstance(got, list) else []
+        forward = [[len(sizes) - 1 - i for i in b]
+                   for b in reference.make_buckets(list(reversed(sizes)), cap)]
+        if sorted(flat) != list(range(len(sizes))):
+            hint = "every parameter index must be in exactly one bucket"
+        elif got == forward:
+            hint = ("backward produces the LAST layer's gradients first: fill buckets from the "
+                    "last parameter to the first, so the first bucket is ready earliest")
+        elif any(sum(sizes[i] for i in b) > cap and len(b) > 1 for b in got):
+            hint = f"a bucket of several parameters passed the cap of {cap} bytes"
+        else:
+            hint = "close a bucket only when the next parameter would not fit in it"
+        fail("make_buckets", f"sizes {sizes}, cap {cap}: you made {got}, DDP makes {want}", hint)
+    passed(f"make_buckets: DDP's buckets on {len(cases)} parameter lists")
+
+
+def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
+    """Name the usual mistake behind a wrong per-rank byte count."""
+    n, grads = kw["n"], kw["psi"] * 4
+    act = kw["batch"] * kw["seq_len"] * kw["d_model"] * 4
+    ring = (n - 1) / n
+    wrong = [  # the first that matches is named (some coincide when n = 2)
+        (2 * ring * 2 * kw["layers"] * act, "backward all-reduces too: two per block forward, two backward"),
+        (2 * ring * grads, {"zero1": "ZeRO-1 also broadcasts each updated shard to the others",
+                            "fsdp": "FSDP gathers the weights twice (forward, and again in "
+                                    "backward: it freed them) and reduce-scatters the gradients"
+                            }.get(strategy, "")),
+        ((n - 1) * act / n, "the gradient of the boundary activation comes back in backward"),
+        (2 * grads, "the ring sends (n−1)/n of the data per rank and per pass, not all of it"),
+        (ring * grads, "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S"),
+        (grads, "count bytes (4 per fp32 value) and the ring's 2(n−1)/n for an all-reduce"),
+        (ring * 4 * kw["layers"] * act, "each of those all-reduces costs 2(n−1)/n of its size per rank"),
+        (2 * (n - 1) * act, "average over the n ranks: only n − 1 boundaries send"),
+    ]
+    for value, why in wrong:
+        if why and abs(got - value) <= 1e-6 * max(1.0, value):
+            return why
+    if strategy in ("tp", "pp"):
+        return "tensor and pipeline parallelism send activations (batch × seq_len × d values), not gradients"
+    return "data parallelism sends the Ψ gradients (and ZeRO-1 / FSDP the Ψ weights too)"
+
+
+def check_bytes_sent_per_rank(fn: Callable) -> None:
+    """The student's prediction equals the reference for every strategy on 3 shapes."""
+    shapes = [dict(n=2, psi=214_496, batch=16, seq_len=32, d_model=64, layers=4),
+              dict(n=4, psi=1_000_000, batch=8, seq_len=64, d_model=128, layers=2),
+              dict(n=8, psi=123_456, batch=32, seq_len=16, d_model=32, layers=6)]
+    for kw in shapes:
+        for strategy in ("ddp", "zero1", "fsdp", "tp", "pp"):
+            want = reference.bytes_sent_per_rank(strategy, **kw)
+            got = fn(strategy, **kw)
+            if isinstance(got, int | float) and abs(got - want) <= 1e-6 * max(1.0, want):
+                continue
+            detail = f"{strategy} with {kw}: you said {got!r}, expected {want:,.0f}"
+            fail("bytes_sent_per_rank", detail,
+                 _bytes_mistake(strategy, got, kw) if isinstance(got, int | float) else
+                 "return a number of bytes")
+    passed("bytes_sent_per_rank: DDP, ZeRO-1, FSDP, tensor and pipeline parallelism on 3 shapes")
+
+
+def ring_bytes_per_rank(counted: dict[str, int], n: int, p2p_total: int = 0) -> float:
+    """Bytes sent per rank (averaged) from the full-tensor sizes a run handed to each kind
+    of collective: 2(n−1)/n for an all-reduce, (n−1)/n for the others; point-to-point
+    sends counted byte for byte and shared over the ranks."""
+    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
+              "reduce_scatter": (n - 1) / n, "broadcast": (n - 1) / n}
+    unknown = set(counted) - set(factor) - {"p2p"}
+    if unknown:
+        fail("ring_bytes_per_rank", f"no ring cost for {sorted(unknown)}")
+    return sum(factor[k] * b for k, b in counted.items() if k != "p2p") + p2p_total / n

@@ -68,3 +68,44 @@ def layer_activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int)
     """
     sb = seq_len * batch
     return 4 * (16 * sb * d_model + 4 * sb + n_heads * sb)
+
+
+# --------------------------------------------------------------------- 04–06
+def make_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
+    """Parameter indices per gradient bucket, as DDP fills them: from the last parameter
+    to the first (backward produces the last layer's gradients first), a new bucket when
+    the next parameter would take the current one past ``cap`` bytes (a parameter larger
+    than ``cap`` alone in its bucket)."""
+    buckets: list[list[int]] = []
+    size = 0
+    for i in reversed(range(len(nbytes))):
+        if buckets and size + nbytes[i] <= cap:
+            buckets[-1].append(i)
+            size += nbytes[i]
+        else:
+            buckets.append([i])
+            size = nbytes[i]
+    return buckets
+
+
+def bytes_sent_per_rank(strategy: str, *, n: int, psi: int, batch: int, seq_len: int,
+                        d_model: int, layers: int, value_bytes: int = 4) -> float:
+    """Bytes each of ``n`` ranks sends in one training step (averaged over the ranks),
+    with bandwidth-optimal collectives: a ring all-reduce of S bytes sends 2(n−1)/n·S per
+    rank, an all-gather, reduce-scatter or broadcast (n−1)/n·S.
+
+    ddp: the gradients all-reduced (S = Ψ values). zero1: the same all-reduce, then each
+    rank broadcasts its updated shard (S = Ψ in all). fsdp: the weights all-gathered in
+    forward and again in backward, the gradients reduce-scattered. tp (Megatron): per
+    block two all-reduces of a (batch, seq_len, d) activation forward and two of its
+    gradient backward. pp (n stages): across each of the n − 1 boundaries the
+    activation goes forward and its gradient comes back."""
+    grads = psi * value_bytes
+    act = batch * seq_len * d_model * value_bytes
+    ring = (n - 1) / n
+    per_rank = {"ddp": 2 * ring * grads,
+                "zero1": 2 * ring * grads + ring * grads,
+                "fsdp": 3 * ring * grads,
+                "tp": 2 * ring * 4 * layers * act,
+                "pp": 2 * (n - 1) * act / n}
+    return per_rank[strategy]

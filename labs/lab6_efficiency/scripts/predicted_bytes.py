@@ -1,0 +1,195 @@
+"""Count the bytes one training step hands to communication, for five ways of splitting one model.
+
+The same character transformer, the same global batch, on N processes:
+DDP (gradients all-reduced), ZeRO-1 (+ the updated shards broadcast), FSDP (weights
+all-gathered in forward and again in backward, gradients reduce-scattered), tensor
+parallelism (Megatron's all-reduces of activations, counted from DTensor's collectives)
+and a 2-stage pipeline (activations and their gradients sent point to point). For each,
+one step after a warm-up is counted: the size of every collective's full tensor by
+kind, and every point-to-point send. Rank 0 emits the counts; the notebook turns them
+into bytes sent per rank and compares them with the student's prediction.
+
+    torchrun --standalone --nproc-per-node 2 predicted_bytes.py
+    mpirun -np 2 python predicted_bytes.py --strategies ddp fsdp
+"""
+
+import argparse
+import contextlib
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed as tdist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor.parallel import parallelize_module
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from lab_utils import dist, metrics, parallel, profile, traffic
+
+# Lab 4's scripts: the DDP / ZeRO-1 / FSDP wrapping and the Megatron plan, reused as they are.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab4_model_parallel" / "scripts"))
+from sharded import wrap  # noqa: E402
+from tensor_parallel import comm_counts, tp_plan  # noqa: E402
+
+STRATEGIES = ("ddp", "zero1", "fsdp", "tp", "pp")
+warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+
+class FunctionalBytes(TorchDispatchMode):
+    """Bytes of the functional collectives DTensor runs (``_c10d_functional.*``), which
+    go to the process group from C++ and so past :func:`lab_utils.traffic.count`: the
+    full tensor of each, by kind, as ``traffic`` counts them."""
+
+    KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
+             "reduce_scatter_tensor": "reduce_scatter"}
+
+    def __init__(self, world: int) -> None:
+        super().__init__()
+        self.world, self.bytes, self.calls = world, Counter(), Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        name = func.__name__.split(".")[0]
+        if func.namespace == "_c10d_functional" and name in self.KINDS:
+            t = args[0]
+            size = t.numel() * t.element_size() * (self.world if name.startswith("all_gather") else 1)
+            self.bytes[self.KINDS[name]] += size
+            self.calls[self.KINDS[name]] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def sends() -> Counter:
+    """Bytes this rank sends point to point (``isend``/``send``, also inside
+    ``batch_isend_irecv``), while the block runs."""
+    sent = Counter()
+    originals = {"isend": c10d.isend, "send": c10d.send}
+
+    def counting(name: str):  # noqa: ANN202
+        original = originals[name]
+
+        def call(tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+            sent["p2p"] += tensor.numel() * tensor.element_size()
+            return original(tensor, *args, **kwargs)
+
+        call.__name__ = original.__name__
+        return call
+
+    wrapped = {name: counting(name) for name in originals}
+    for name, fn in wrapped.items():  # P2POp and batch_isend_irecv compare ops with c10d's own
+        setattr(c10d, name, fn)
+        setattr(tdist, name, fn)
+    try:
+        yield sent
+    finally:
+        for name, fn in originals.items():
+            setattr(c10d, name, fn)
+            setattr(tdist, name, fn)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = profile.script_parser(__doc__.splitlines()[0])
+    parallel.add_model_args(p)
+    p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    p.add_argument("--microbatches", type=int, default=2, help="pipeline micro-batches per step")
+    p.add_argument("--cpu-offload", action="store_true", help=argparse.SUPPRESS)  # used by wrap()
+    return p.parse_args(argv)
+
+
+def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device) -> dict:  # noqa: ANN001
+    """DDP, ZeRO-1 or FSDP (Lab 4's wrap): each rank its share of the batch."""
+    rank, n = tdist.get_rank(), tdist.get_world_size()
+    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    model, opt = wrap(strategy, parallel.build_model(args).to(device), args, device)
+    counted: dict = {}
+    for i, (x, y) in enumerate(batches):
+        with traffic.count() as seen:
+            opt.zero_grad()
+            parallel.lm_loss(model(x[mine]), y[mine]).backward()
+            opt.step()
+        if i == len(batches) - 1:  # the last step; the first also set things up
+            counted = dict(seen)
+    return {"bytes": counted, "calls": {}}
+
+
+def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:  # noqa: ANN001
+    """Megatron's plan (Lab 4): every rank the whole batch, half of each block."""
+    mesh = init_device_mesh(device.type, (tdist.get_world_size(),))
+    tp = parallelize_module(parallel.build_model(args).to(device), mesh, tp_plan(args.layers))
+    opt = torch.optim.Adam(tp.parameters(), lr=args.lr, foreach=False)
+    out: dict = {}
+    for i, (x, y) in enumerate(batches):
+        with CommDebugMode() as debug, FunctionalBytes(tdist.get_world_size()) as seen:
+            opt.zero_grad()
+            parallel.lm_loss(tp(x), y).backward()
+            opt.step()
+        if i == len(batches) - 1:
+            out = {"bytes": dict(seen.bytes), "calls": dict(seen.calls),
+                   "comm_debug_counts": comm_counts(debug)}
+    return out
+
+
+def pipeline_step(args: argparse.Namespace, batches, device) -> dict:  # noqa: ANN001
+    """One stage per rank (contiguous layers), GPipe with --microbatches micro-batches."""
+    rank, p = tdist.get_rank(), tdist.get_world_size()
+    model = parallel.build_model(args).to(device)
+    stage_module = torch.nn.Sequential(*[model.layers[i] for i in model.stage_layers(rank, p)])
+    stage = PipelineStage(stage_module, rank, p, device)
+    schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=parallel.lm_loss)
+    opt = torch.optim.Adam(stage_module.parameters(), lr=args.lr)
+    sent: Counter = Counter()
+    for i, (x, y) in enumerate(batches):
+        with sends() as seen:
+            opt.zero_grad()
+            if rank == 0:
+                schedule.step(x)
+            elif rank == p - 1:
+                schedule.step(target=y)
+            else:
+                schedule.step()
+            opt.step()
+        if i == len(batches) - 1:  # the first step also inferred the shapes
+            sent = seen
+    per_rank = [None] * p
+    tdist.all_gather_object(per_rank, sent["p2p"])
+    return {"bytes": {"p2p": sum(per_rank)}, "calls": {}, "p2p_per_rank": per_rank}
+
+
+def main() -> None:
+    args = parse_args()
+    n = dist.detect().world_size
+    parallel.require(n >= 2, "run on at least 2 processes: alone nothing is communicated")
+    parallel.require(args.batch_size % n == 0 and args.batch_size % args.microbatches == 0,
+                     f"--batch-size {args.batch_size} must divide by {n} processes and by "
+                     f"--microbatches {args.microbatches}")
+    parallel.require(args.heads % n == 0, f"{n} processes cannot split {args.heads} heads evenly")
+    info = dist.init()
+    device = info.device
+    data = parallel.corpus(args)
+    batches = [tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+               for s in range(2)]
+    model = parallel.build_model(args)
+    shape = {"procs": n, "psi": sum(q.numel() for q in model.parameters()),
+             "d_model": args.d_model, "layers": args.layers, "batch_size": args.batch_size,
+             "seq_len": args.seq_len, "microbatches": args.microbatches, "bytes_per_value": 4}
+    metrics.emit({"event": "model", **shape})
+    for strategy in args.strategies:
+        if strategy == "tp":
+            counted = tensor_parallel_step(args, batches, device)
+        elif strategy == "pp":
+            counted = pipeline_step(args, batches, device)
+        else:
+            counted = data_parallel_step(strategy, args, batches, device)
+        metrics.emit({"event": "counted", "strategy": strategy, **counted})
+        dist.print0(f"{strategy:5s}: one step handed {counted['bytes']} bytes to communication")
+        tdist.barrier()
+    dist.shutdown()
+
+
+if __name__ == "__main__":
+    main()
