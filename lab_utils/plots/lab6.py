@@ -95,3 +95,105 @@ def saved_bytes_bars(saved: Mapping[str, int], *, title: str = "",
     ax.set_ylabel("MiB saved for backward")
     ax.set_title(title or "activations kept for backward, by recomputation policy", fontsize=10)
     return ax
+
+
+# --------------------------------------------------------------------- 04–06
+def trace_timeline(traces: Mapping[int, object], *, title: str = "",
+                   ax: plt.Axes | None = None) -> plt.Axes:
+    """Per rank, two rows of intervals read from its profiler trace (``lab_utils.trace.Trace``):
+    compute (operators) and communication (the backend's collectives), in ms."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 1 + 0.9 * len(traces)))
+    rows, labels = 0, []
+    for rank, t in sorted(traces.items()):
+        for name, spans, color in (("compute", t.compute, "#4c72b0"), ("comm", t.comm, "#dd8452")):
+            ax.broken_barh([(s / 1e3, (e - s) / 1e3) for s, e in spans], (rows - 0.4, 0.8),
+                           color=color)
+            labels.append(f"rank {rank} {name}")
+            rows += 1
+        for s, _ in t.steps:
+            ax.axvline(s / 1e3, color="gray", lw=0.5, ls=":")
+    ax.set_yticks(range(rows), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms from the first recorded step (dotted: step starts)")
+    ax.set_title(title or "compute and communication per rank, from the trace", fontsize=10)
+    return ax
+
+
+def overlap_by_bucket(caps: Sequence[float], overlap: Mapping[int, Sequence[float]],
+                      collectives: Sequence[float], *, ax: plt.Axes | None = None) -> plt.Axes:
+    """Overlap fraction per rank against DDP's bucket size, with all-reduces per step."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    x = np.arange(len(caps))
+    width = 0.8 / max(1, len(overlap))
+    for i, (rank, values) in enumerate(sorted(overlap.items())):
+        ax.bar(x + i * width, values, width, label=f"rank {rank}")
+    for xi, c in zip(x, collectives):
+        ax.annotate(f"{c:g} all-reduces", (xi, 1.02), fontsize=8, ha="left")
+    ax.set_xticks(x + width * (len(overlap) - 1) / 2, [f"{c:g} MB" for c in caps])
+    ax.set_ylim(0, 1.12)
+    ax.set_xlabel("bucket_cap_mb")
+    ax.set_ylabel("communication overlapped by compute")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def step_times(variants: Mapping[str, Sequence[float]], *, title: str = "",
+               ax: plt.Axes | None = None) -> plt.Axes:
+    """Every timed step of each variant (ms), with its median as a bar."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    for i, seconds in enumerate(variants.values()):
+        ms = np.asarray(seconds) * 1e3
+        ax.bar(i, np.median(ms), color="#dddddd", edgecolor="gray")
+        ax.plot(np.full(len(ms), i), ms, "o", color="#4c72b0", ms=4)
+    ax.set_xticks(range(len(variants)), list(variants))
+    ax.set_ylabel("ms per step")
+    ax.set_title(title or "step time (bars: median; dots: each step)", fontsize=10)
+    return ax
+
+
+def alpha_beta(sizes: Sequence[int], seconds: Sequence[float], alpha: float, beta: float, *,
+               ax: plt.Axes | None = None) -> plt.Axes:
+    """Measured all-reduce times against the fitted t = α + β·bytes (log-log)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    s = np.asarray(sizes, float)
+    ax.loglog(s, np.asarray(seconds) * 1e6, "o", label="measured (median)")
+    grid = np.geomspace(s.min(), s.max(), 50)
+    ax.loglog(grid, (alpha + beta * grid) * 1e6, "-",
+              label=f"α + β·bytes: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s")
+    ax.set_xlabel("bytes all-reduced")
+    ax.set_ylabel("µs")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def bucket_choice(caps_kb: Sequence[float], measured_s: Sequence[float], predicted_s: Sequence[float],
+                  *, ax: plt.Axes | None = None) -> plt.Axes:
+    """Measured median step time per bucket size beside the α–β replay's prediction."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot(caps_kb, np.asarray(measured_s) * 1e3, "o-", label="measured step (median)")
+    ax.plot(caps_kb, np.asarray(predicted_s) * 1e3, "s--", label="predicted: no-comm step + exposed")
+    ax.set_xscale("log")
+    ax.set_xlabel("bucket size (KiB)")
+    ax.set_ylabel("ms per step")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def bytes_per_strategy(predicted: Mapping[str, float], counted: Mapping[str, float], *,
+                       ax: plt.Axes | None = None) -> plt.Axes:
+    """Predicted and counted bytes sent per rank per step, one pair of bars per strategy."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    names = list(counted)
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, [predicted.get(n, 0) / 2**20 for n in names], 0.4, label="your prediction")
+    ax.bar(x + 0.2, [counted[n] / 2**20 for n in names], 0.4, label="counted in the run")
+    ax.set_xticks(x, names)
+    ax.set_ylabel("MiB sent per rank per step")
+    ax.legend(fontsize=8)
+    return ax
