@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 import warnings
@@ -35,7 +36,7 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
-from lab_utils import metrics, models, profile, tensordata
+from lab_utils import dist, metrics, models, profile, tensordata
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -322,8 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world <= args.shards:
-        raise SystemExit(f"param_server.py needs more processes than --shards={args.shards} "
-                         f"(got {world}): start it with torchrun --nproc-per-node N")
+        sys.exit(f"param_server.py needs more processes than --shards={args.shards} "
+                 f"(got {world}): start it with torchrun --nproc-per-node N")
     profile.configure_threads()
     servers = [f"ps{k}" for k in range(args.shards)]
     workers = world - args.shards
@@ -337,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=args.rpc_timeout, num_worker_threads=16,
                                            init_method="env://")
+    # RPC's agent holds a Gloo group and threads: the rank must end as every rank that joined
+    # a group does, without finalizing the interpreter under them (sys.exit keeps the status)
+    dist.leave_at_exit()
     rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)
     try:
         if rank >= args.shards:
@@ -346,14 +350,14 @@ def main(argv: list[str] | None = None) -> None:
             deadline = time.monotonic() + args.job_timeout
             while rank == 0 and len(SHARD.reports) < workers:
                 if time.monotonic() > deadline:
-                    raise SystemExit("server: the workers did not all report in time")
+                    sys.exit("server: the workers did not all report in time")
                 time.sleep(0.02)
             if rank == 0:
                 finish(args, servers, owned, data)
     except RuntimeError as exc:  # a peer died or an RPC timed out
         print(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
-        raise SystemExit(f"{name}: lost contact with the job ({exc.__class__.__name__}); "
-                         "see the failing process above") from None
+        sys.exit(f"{name}: lost contact with the job ({exc.__class__.__name__}); "
+                 "see the failing process above")
     rpc.shutdown()  # graceful: waits until every process is done with its RPCs
 
 

@@ -1,0 +1,157 @@
+"""Run distributed jobs many times in a row and count the runs that did not end cleanly.
+
+    python scripts/exit_soak.py --runs 50 ddp_bench uneven_shards    # jobs named below
+    python scripts/exit_soak.py --runs 50 all                        # every job below
+    python scripts/exit_soak.py --runs 50 --script my_job.py --nprocs 2 --launcher mpirun -- --steps 2
+
+A run is abnormal when it hangs past ``--timeout``, a rank ends by a signal or with a
+non-zero status, or the output holds "terminate called" (the C++ runtime's message
+before it aborts). Each job runs with the smallest sizes its options allow, in the
+``quick`` profile, from a fresh temporary folder (the files a job writes start anew).
+Run it under ``nice -n 10`` on a shared machine. The last lines are a Markdown table:
+job, launcher, runs, clean, abnormal, and the kinds of abnormal endings.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lab_utils import launch, profile  # noqa: E402
+
+LAB2 = REPO / "labs" / "lab2_data_parallel" / "scripts"
+LAB4 = REPO / "labs" / "lab4_model_parallel" / "scripts"
+LAB5 = REPO / "labs" / "lab5_systems" / "scripts"
+TRAIN = ["--n-train", "256", "--n-test", "128", "--max-steps", "2", "--batch-size", "16",
+         "--width", "8"]
+TRANSFORMER = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16",
+               "--batch-size", "8", "--steps", "1", "--n-chars", "20000"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One distributed script with the smallest arguments it accepts."""
+
+    script: Path
+    args: tuple[str, ...] = ()
+    nprocs: int = 2
+    launcher: str = "torchrun"
+    launcher_args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+JOBS = {
+    "collectives_demo": Job(LAB2 / "collectives_demo.py"),
+    "ring_check": Job(LAB2 / "ring_check.py", ("--sizes", "1024", "--repeats", "1")),
+    "ddp_bench": Job(LAB2 / "ddp_bench.py", ("--steps", "2", "--bucket-caps", "25", "--accum", "1",
+                                             "--batch-size", "8", "--width", "8")),
+    "uneven_shards": Job(LAB2 / "uneven_shards.py", ("--fix", "join", "--batches", "2")),
+    "train_ddp": Job(LAB2 / "train_ddp.py", tuple(TRAIN)),
+    "train_horovod": Job(LAB2 / "train_horovod.py", tuple(TRAIN), launcher="horovodrun"),
+    "hybrid": Job(LAB4 / "hybrid.py", (*TRANSFORMER, "--tp", "2")),
+    "pipeline": Job(LAB4 / "pipeline.py", (*TRANSFORMER, "--schedules", "gpipe",
+                                           "--microbatches", "2", "--repeats", "1")),
+    "sharded": Job(LAB4 / "sharded.py", tuple(TRANSFORMER)),
+    "tensor_parallel": Job(LAB4 / "tensor_parallel.py", tuple(TRANSFORMER)),
+    "easgd": Job(LAB5 / "easgd.py", ("--methods", "sgd", "--taus", "1", "--steps", "4",
+                                     "--batch-size", "16", "--hidden", "16", "--n-train", "200",
+                                     "--n-test", "50", "--eval-every", "100")),
+    "elastic_train": Job(LAB5 / "elastic_train.py", ("--steps", "4", "--n-train", "200",
+                                                     "--n-test", "50", "--hidden", "16",
+                                                     "--ckpt-every", "2"),
+                         launcher_args=("--max-restarts=1",)),
+    "param_server": Job(LAB5 / "param_server.py", ("--steps", "4", "--batch-size", "16",
+                                                   "--hidden", "16", "--n-train", "200",
+                                                   "--n-test", "50", "--snapshots", "2"),
+                        nprocs=3),
+    "allreduce_timing": Job(REPO / "benchmarks" / "jobs" / "allreduce_timing.py",
+                            ("--sizes", "1024", "--repeats", "1", "--budget-s", "0.1")),
+    "reference_horovod": Job(REPO / "assessment" / "solutions" / "reference_horovod.py",
+                             ("--dataset", "fashion-mnist", "--epochs", "1"), launcher="mpirun"),
+}
+
+# A rank that a signal ended, as torchrun ("exitcode  : -6", "Signal 6 (SIGABRT)"),
+# mpirun ("exited on signal 6") and horovodrun report it.
+_SIGNAL = re.compile(r"exitcode\s*:\s*-\d+|signal \d+|\bSIG(?:ABRT|SEGV|BUS|KILL|TERM)\b",
+                     re.IGNORECASE)
+
+
+def verdict(result: launch.LaunchResult) -> str:
+    """``clean``, or how the run ended abnormally: hung, signal, terminate called, status N."""
+    if result.timed_out:
+        return "hung"
+    text = result.output
+    if "terminate called" in text:
+        return "terminate called"
+    if result.returncode < 0 or _SIGNAL.search(text):
+        return "signal"
+    if result.returncode != 0:
+        return f"status {result.returncode}"
+    return "clean"
+
+
+def run_once(job: Job, timeout: float) -> tuple[str, launch.LaunchResult]:
+    with tempfile.TemporaryDirectory(prefix="exit_soak_") as tmp:
+        result = launch.run(job.script, list(job.args), nprocs=job.nprocs, launcher=job.launcher,
+                            timeout=timeout, env={"LABS_PROFILE": "quick", **job.env}, cwd=tmp,
+                            echo=False, launcher_args=list(job.launcher_args))
+    return verdict(result), result
+
+
+def soak(name: str, job: Job, runs: int, timeout: float) -> collections.Counter:
+    """``runs`` runs of ``job`` in a row; prints each abnormal one's tail as it happens."""
+    endings: collections.Counter = collections.Counter()
+    start = time.monotonic()
+    for i in range(runs):
+        ending, result = run_once(job, timeout)
+        endings[ending] += 1
+        if ending != "clean":
+            print(f"{name} run {i + 1}: {ending}\n{result.output[-1500:]}", flush=True)
+    print(f"{name}: {endings['clean']}/{runs} clean in {time.monotonic() - start:.0f} s", flush=True)
+    return endings
+
+
+def table(rows: dict[str, tuple[Job, collections.Counter]]) -> str:
+    lines = ["| job | launcher | runs | clean | abnormal | abnormal endings |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, (job, endings) in rows.items():
+        runs = sum(endings.values())
+        bad = {k: v for k, v in endings.items() if k != "clean"}
+        kinds = ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())) or "–"
+        lines.append(f"| {name} | {job.launcher} | {runs} | {endings['clean']} | "
+                     f"{runs - endings['clean']} | {kinds} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = profile.script_parser(__doc__.splitlines()[0])
+    p.add_argument("jobs", nargs="*", help=f"'all' or some of: {', '.join(JOBS)}")
+    p.add_argument("--runs", type=int, default=50, help="runs of each job, in a row")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as hung")
+    p.add_argument("--script", type=Path, help="a script of your own instead of named jobs")
+    p.add_argument("--nprocs", type=int, default=2)
+    p.add_argument("--launcher", choices=launch.LAUNCHERS, default="torchrun")
+    args, extra = p.parse_known_args()
+    if args.script:
+        jobs = {args.script.stem: Job(args.script.resolve(), tuple(a for a in extra if a != "--"),
+                                      args.nprocs, args.launcher)}
+    else:
+        unknown = [j for j in args.jobs if j != "all" and j not in JOBS]
+        if unknown or not args.jobs or extra:
+            p.error(f"name jobs among {', '.join(JOBS)} or 'all' (not {unknown or extra})")
+        jobs = JOBS if "all" in args.jobs else {j: JOBS[j] for j in args.jobs}
+    rows = {name: (job, soak(name, job, args.runs, args.timeout)) for name, job in jobs.items()}
+    print(table(rows), flush=True)
+    return 0 if all(e["clean"] == sum(e.values()) for _, e in rows.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
