@@ -250,3 +250,29 @@ def check_moe_run(run: Mapping, *, tol: float = 1e-5) -> None:
     tokens = run["tokens_per_rank"] * run["procs"] * run["top_k"]
     for i, per in enumerate(run["first"]):
         count(sum(per), tokens, what=f"layer {i}: choices routed = tokens × k")
+
+
+# --------------------------------------------------------------- checkpoints (notebook 9)
+def check_resharded(loaded: Mapping, saved: Mapping) -> None:
+    """A checkpoint saved by ``saved['procs']`` ranks and loaded by ``loaded['procs']``:
+    one data file per saving rank plus ``.metadata`` (a count), and the loaded model and
+    optimizer state equal what the saving run held in memory (bit for bit: loading copies
+    bytes, it computes nothing)."""
+    data = [f for f in saved["files"] if f.endswith(".distcp")]
+    count(len(data), saved["procs"], what=f"data files written by {saved['procs']} ranks")
+    that(".metadata" in saved["files"], what="the coordinator wrote .metadata",
+         detail=", ".join(saved["files"]), hint="dcp.save writes it last, after every rank's data")
+    for key in ("model", "optim"):
+        check_equal(loaded["errors"][key], tol=0.0,
+                    what=f"saved on {saved['procs']} ranks, loaded on {loaded['procs']}: {key} state")
+
+
+def check_incomplete(files: list[str], error: BaseException | None) -> None:
+    """A save that died before its end: data files but no ``.metadata``, and loading it
+    fails instead of reading a partial state."""
+    that(any(f.endswith(".distcp") for f in files) and ".metadata" not in files,
+         what="a save killed before its end leaves data files and no .metadata",
+         detail=", ".join(files) or "no files")
+    that(error is not None, what="loading the incomplete checkpoint fails",
+         detail=f"{type(error).__name__}: {str(error).splitlines()[-1][:120]}" if error else
+         "it loaded", hint="without .metadata nothing says which piece of which tensor is where")

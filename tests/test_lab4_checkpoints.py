@@ -1,0 +1,99 @@
+"""Lab 4.9: scripts/reshard_checkpoint.py saves a sharded FSDP2 model and optimizer from 4
+processes and loads them into 2 and into one plain model, equal to the saving run's memory
+(a wrong reference fails the check); a save killed before .metadata is detected; the whole
+model is rebuilt by lab_utils.models.load; a process count that does not fit stops cleanly."""
+
+import copy
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from conftest import REPO
+from torch.distributed.checkpoint.api import CheckpointException
+
+from lab_utils import launch, models
+from lab_utils.checks import CheckFailed
+from lab_utils.checks import lab4 as checks
+
+SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "reshard_checkpoint.py"
+TINY = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16",
+        "--batch-size", "8", "--steps", "1", "--n-chars", "20000"]
+
+
+def run(args, nprocs):
+    return launch.run(SCRIPT, [*TINY, *map(str, args)], nprocs=nprocs, timeout=240, echo=False,
+                      env={"LABS_PROFILE": "quick"})
+
+
+def event(result, kind):
+    return next(m for m in result.metrics if m["event"] == kind)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dcp")
+    result = run(["--save", d / "ckpt", "--reference", d / "ref.pt", "--checkpoint", d / "plain.pt"], 4)
+    assert result.ok, result.output
+    return d, event(result, "saved")
+
+
+@pytest.fixture(scope="module")
+def loaded(saved):
+    d, _ = saved
+    result = run(["--load", d / "ckpt", "--reference", d / "ref.pt"], 2)
+    assert result.ok, result.output
+    return event(result, "loaded")
+
+
+def test_four_ranks_saved_two_ranks_loaded_equal(saved, loaded):
+    checks.check_resharded(loaded, saved[1])
+    assert loaded["procs"] == 2 and saved[1]["procs"] == 4
+
+
+@pytest.mark.parametrize("wrong", [lambda s, ld: (dict(s, files={"__0_0.distcp": 1}), ld),
+                                   lambda s, ld: (s, dict(ld, errors={"model": 1e-7, "optim": 0.0}))])
+def test_a_wrong_result_fails_the_check(saved, loaded, wrong):
+    s, ld = wrong(copy.deepcopy(saved[1]), copy.deepcopy(loaded))
+    with pytest.raises(CheckFailed):
+        checks.check_resharded(ld, s)
+
+
+def test_one_plain_model_reads_the_sharded_checkpoint(saved):
+    d, _ = saved
+    plain = models.load(d / "plain.pt")
+    state = {"model": {k: torch.zeros_like(v) for k, v in plain.state_dict().items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "no process group": one process reads everything
+        dcp.load(state, checkpoint_id=d / "ckpt")
+    ref = torch.load(d / "ref.pt", weights_only=True)["model"]
+    assert all(torch.equal(state["model"][k], ref[k]) for k in ref)
+    assert all(torch.equal(plain.state_dict()[k], ref[k]) for k in ref)
+
+
+def test_a_save_killed_before_metadata_is_detected(tmp_path):
+    result = run(["--save", tmp_path / "ckpt", "--reference", tmp_path / "ref.pt",
+                  "--die-before-metadata"], 2)
+    assert not result.ok
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    error = None
+    try:
+        dcp.load({"model": {}}, checkpoint_id=tmp_path / "ckpt")
+    except (CheckpointException, OSError) as e:  # a BaseException, not an Exception
+        error = e
+    checks.check_incomplete(files, error)
+    with pytest.raises(CheckFailed):  # the same check on a complete save fails
+        checks.check_incomplete([*files, ".metadata"], None)
+
+
+def test_process_count_that_does_not_fit_stops_cleanly(tmp_path):
+    result = run(["--save", tmp_path / "c", "--reference", tmp_path / "r.pt"], 3)
+    assert not result.ok and "error: the global batch 8 cannot be split over 3" in result.output
+
+
+def test_help_names_both_modes():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
+                         env={"LABS_PROFILE": "quick", "PATH": ""}, check=True).stdout
+    assert "--save DIR" in out and "--load DIR" in out and "'quick' profile" in out
