@@ -180,7 +180,15 @@ def schedule_actions(schedule) -> dict[int, list[tuple[int, str, int]]]:  # noqa
     ``torch.distributed.pipelining`` schedule, in the order it runs them: F; B for a
     whole backward or the backward for the inputs; W for the backward for the weights.
     Blocks that the schedule overlaps (DualPipeV's F and B pairs) run one after the other
-    on a CPU, so they are listed in that order."""
+    on a CPU, so they are listed in that order. GPipe and 1F1B (one stage per rank) run
+    :func:`schedule_order`: torch's ``pipeline_order`` table of them is only a picture,
+    and in 2.13 its 1F1B starts the last stage at micro-batch 1."""
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
+
+    single = {ScheduleGPipe: "gpipe", Schedule1F1B: "1f1b"}.get(type(schedule))
+    if single:
+        p, m = schedule._stage.num_stages, schedule._n_microbatches
+        return {r: [(r, k, i) for k, i in schedule_order(single, p, m, r)] for r in range(p)}
     plan = getattr(schedule, "pipeline_order_with_comms", None) or schedule.pipeline_order
     kinds = {"F": "F", "B": "B", "I": "B", "W": "W"}
     out: dict[int, list[tuple[int, str, int]]] = {}
