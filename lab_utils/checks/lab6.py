@@ -241,3 +241,25 @@ def ring_bytes_per_rank(counted: dict[str, int], n: int, p2p_total: int = 0) -> 
     if unknown:
         fail("ring_bytes_per_rank", f"no ring cost for {sorted(unknown)}")
     return sum(factor[k] * b for k, b in counted.items() if k != "p2p") + p2p_total / n
+
+
+def check_hand_ddp(run: dict, *, tol: float = 1e-6) -> None:
+    """HandDDP's averaged gradients (every step) and weights (after the last) equal
+    DistributedDataParallel's, from a start that differed on every rank."""
+    g, w = run["grad_rel_err"], run["weight_rel_err"]
+    if g <= tol and w <= tol:
+        passed(f"hand-made DDP = DistributedDataParallel after {run['steps']} steps",
+               f"gradients {g:.1e}, weights {w:.1e} (relative)")
+        return
+    n = run.get("procs", 2)
+    if abs(g - (n - 1)) < 1e-3:
+        hint = (f"the gradients are {n}× DDP's: all-reduce sums, so divide by the number of "
+                "ranks (the average) before copying back")
+    elif g <= tol:
+        hint = "the gradients agree but the weights do not: did every rank start from rank 0's weights?"
+    else:
+        hint = ("a bucket was sent before all its gradients had arrived, or copied back into the "
+                "wrong parameters: launch a bucket only when its last gradient is ready")
+    fail("hand-made DDP = DistributedDataParallel",
+         f"after {run['steps']} steps gradients differ by {g:.2e}, weights by {w:.2e} (relative; "
+         f"allowed {tol:.0e})", hint)

@@ -130,7 +130,7 @@ def overlap_by_bucket(caps: Sequence[float], overlap: Mapping[int, Sequence[floa
     for i, (rank, values) in enumerate(sorted(overlap.items())):
         ax.bar(x + i * width, values, width, label=f"rank {rank}")
     for xi, c in zip(x, collectives):
-        ax.annotate(f"{c:g} all-reduces", (xi, 1.02), fontsize=8, ha="left")
+        ax.annotate(f"{c:g} all-reduces per step", (xi + 0.4 - width / 2, 1.02), fontsize=8, ha="center")
     ax.set_xticks(x + width * (len(overlap) - 1) / 2, [f"{c:g} MB" for c in caps])
     ax.set_ylim(0, 1.12)
     ax.set_xlabel("bucket_cap_mb")

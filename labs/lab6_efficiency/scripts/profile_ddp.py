@@ -11,7 +11,11 @@ traces are; the notebook reads them with ``lab_utils.trace``.
 """
 
 import argparse
+import os
+import warnings
 from pathlib import Path
+
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no log line at each start and stop of a recording
 
 import torch
 import torch.distributed as tdist
@@ -20,6 +24,9 @@ from torch.profiler import ProfilerActivity, profile, schedule
 
 from lab_utils import dist, metrics, parallel, paths
 from lab_utils import profile as lab_profile
+
+# One recording cycle per run: that its events are cleared at the cycle's end is what we want.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
