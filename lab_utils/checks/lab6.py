@@ -249,7 +249,7 @@ def check_hand_ddp(run: dict, *, tol: float = 1e-6) -> None:
     g, w = run["grad_rel_err"], run["weight_rel_err"]
     if g <= tol and w <= tol:
         passed(f"hand-made DDP = DistributedDataParallel after {run['steps']} steps",
-               f"gradients {g:.1e}, weights {w:.1e} (relative)")
+               f"relative differences: gradients {g:.1e}, weights {w:.1e}")
         return
     n = run.get("procs", 2)
     if abs(g - (n - 1)) < 1e-3:
