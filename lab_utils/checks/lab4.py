@@ -162,7 +162,7 @@ def check_bubble(run: Mapping, *, k: float = 4.0) -> float:
         which = (f" (the least disturbed of {len(steps)} timed steps; "
                  f"{sum(g >= 0 for g in gaps)} of {len(steps)} agree)")
     else:
-        rep = timeline.replay(run["events"], run["schedule"])
+        rep = timeline.replay(run["events"], run.get("order") or run["schedule"])
         measured, replayed = timeline.bubble_fraction(run["events"]), rep.bubble
         noise, which = timeline.replay_noise(run["events"], rep), ""
     return within_run(measured, replayed, noise=noise, k=k, floor=floor,
@@ -276,3 +276,38 @@ def check_incomplete(files: list[str], error: BaseException | None) -> None:
     that(error is not None, what="loading the incomplete checkpoint fails",
          detail=f"{type(error).__name__}: {str(error).splitlines()[-1][:120]}" if error else
          "it loaded", hint="without .metadata nothing says which piece of which tensor is where")
+
+
+# ------------------------------------------------- interleaved and zero-bubble schedules
+def _blocks(acts: list, around: int) -> str:
+    """``0F2 2B0 …``: the blocks near position ``around``."""
+    return " ".join(f"{s}{k}{i}" for s, k, i in acts[max(around - 2, 0):around + 3])
+
+
+def check_schedule_blocks(run: Mapping) -> None:
+    """Counts, exact on any machine: every rank ran the blocks ``(stage, kind,
+    micro-batch)`` of its schedule (``run["order"]``, from torch's own plan), each once,
+    in that order; with W blocks, one per B."""
+    name, m, p = run["schedule"], run["microbatches"], run["stages"]
+    measured = timeline.measured_actions(run["events"])
+    for rank in range(p):
+        blocks = measured.get(rank, [])
+        want = [tuple(a) for a in run["order"][str(rank)]]
+        if blocks == want:
+            continue
+        count(len(blocks), len(want), what=f"{name} m={m}, rank {rank}: blocks",
+              hint="each micro-batch crosses every stage once forward and once backward")
+        first = next(i for i, (a, b) in enumerate(zip(blocks, want)) if a != b)
+        fail(f"{name} m={m}, rank {rank}: blocks in the schedule's order",
+             f"block {first}: the schedule runs …{_blocks(want, first)}…, this rank ran "
+             f"…{_blocks(blocks, first)}…",
+             "a block that ran early or late: the timeline is not this schedule's")
+    kinds = {k: sum(1 for e in run["events"] if e["kind"] == k) for k in ("F", "B", "W")}
+    n_stages = p * run["virtual"]
+    count(kinds["F"], n_stages * m, what=f"{name} m={m}: F blocks (stages × micro-batches)")
+    count(kinds["B"], n_stages * m, what=f"{name} m={m}: B blocks")
+    if kinds["W"]:
+        count(kinds["W"], n_stages * m, what=f"{name} m={m}: W blocks, one per B (the weights' "
+              "backward split off the inputs')")
+    passed(f"{name} m={m}, {p} ranks × {run['virtual']} stages: every rank ran its schedule's "
+           "blocks in its order")

@@ -91,3 +91,76 @@ def stacked_bytes(rows: Mapping[str, Mapping[str, float]], ax: plt.Axes | None =
     if title:
         ax.set_title(title, fontsize=9)
     return ax
+
+
+# ------------------------------------------------- interleaved and zero-bubble schedules
+STAGE_KIND_COLORS = {"F": "#4c72b0", "B": "#55a868", "W": "#dd8452"}
+
+
+def stage_timeline(run: Mapping, ax: plt.Axes | None = None) -> plt.Axes:
+    """One row per rank; each block (F forward blue, B backward for the inputs green, W
+    backward for the weights orange) at its measured start and length, labelled
+    ``stage·kind·micro-batch`` when it is wide enough; lighter shades for a rank's
+    later stages. White space is idle time."""
+    events = run["events"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 1.6))
+    t0, t1 = timeline.span(events)
+    ranks = sorted({e["rank"] for e in events})
+    firsts = {r: min(e["stage"] for e in events if e["rank"] == r) for r in ranks}
+    for e in events:
+        x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
+        later = e["stage"] != firsts[e["rank"]]
+        ax.broken_barh([(x, w)], (e["rank"] - 0.4, 0.8), facecolors=STAGE_KIND_COLORS[e["kind"]],
+                       alpha=0.6 if later else 1.0, edgecolors="white", linewidth=0.5)
+        if w > (t1 - t0) * 1e3 / 45:
+            ax.text(x + w / 2, e["rank"], f"{e['stage']}{e['kind']}{e['mb']}", ha="center",
+                    va="center", color="white", fontsize=6)
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.6, -0.6)
+    ax.set_xlim(0, (t1 - t0) * 1e3)
+    ax.set_xlabel("ms since the step began")
+    formula = run.get("formula_ratio")
+    ax.set_title(f"{run['schedule']} (v={run['virtual']}), m={run['microbatches']}: bubble "
+                 f"{run['bubble']:.0%} measured, {run['replay_bubble']:.0%} replayed"
+                 + (f", {formula / (1 + formula):.0%} formula" if formula is not None else ""),
+                 fontsize=9, loc="left")
+    return ax
+
+
+def stage_timelines(runs: Sequence[Mapping]) -> plt.Figure:
+    """:func:`stage_timeline` for several schedules, one panel each, on one time axis."""
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.8), squeeze=False,
+                             sharex=True)
+    for ax, run in zip(axes[:, 0], runs):
+        stage_timeline(run, ax)
+    right = max(ax.get_xlim()[1] for ax in axes[:, 0])
+    for ax in axes[:, 0]:
+        ax.set_xlim(0, right)
+    for ax in axes[:-1, 0]:
+        ax.set_xlabel("")
+    fig.suptitle("per-rank timeline: blue F = forward, green B = backward (inputs), "
+                 "orange W = backward (weights), pale = the rank's later stage", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def bubbles_by_schedule(runs: Sequence[Mapping], ax: plt.Axes | None = None) -> plt.Axes:
+    """Per schedule and m: the measured bubble (bar), the replayed one (black tick) and
+    the formula's (grey tick) where the schedule has one."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    labels = [f"{r['schedule']}\nm={r['microbatches']}" for r in runs]
+    xs = np.arange(len(runs))
+    ax.bar(xs, [r["bubble"] for r in runs], color="#bbbbbb", label="measured")
+    ax.scatter(xs, [r["replay_bubble"] for r in runs], marker="_", s=400, color="k",
+               label="replayed (this run's block times)")
+    ratios = [(x, r["formula_ratio"]) for x, r in zip(xs, runs) if r.get("formula_ratio") is not None]
+    if ratios:
+        ax.scatter([x for x, _ in ratios], [q / (1 + q) for _, q in ratios], marker="_", s=400,
+                   color="C3", label="formula (equal blocks, free messages)")
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_ylabel("bubble (idle share)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    return ax
