@@ -100,6 +100,12 @@ NOT_RUN = {
     "lab-grade batch submissions/ --target cpu-2proc --out grades/": BATCH,
     "lab-grade calibrate --target gpu-4 --runs 3 --starter --write assessment/targets/gpu-4.toml":
         GPU_TARGET,
+    # Lab 6, notebooks 1–3
+    "LABS_PROFILE=quick LABS_SOLUTIONS=1 .venv/bin/pytest --nbval-lax --nbval-current-env "
+    "labs/lab6_efficiency/01_flops_mfu_roofline.ipynb labs/lab6_efficiency/02_mixed_precision.ipynb "
+    "labs/lab6_efficiency/03_recomputation.ipynb": NOTEBOOKS,
+    ".venv/bin/pytest tests/test_lab6_cost.py": LAB_TESTS,
+    ".venv/bin/python -m benchmarks --only lab6_cost": BENCH,
     # Benchmarks
     "make bench": BENCH,
     "python -m benchmarks --quick": BENCH,
