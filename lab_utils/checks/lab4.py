@@ -311,3 +311,19 @@ def check_schedule_blocks(run: Mapping) -> None:
               "backward split off the inputs')")
     passed(f"{name} m={m}, {p} ranks × {run['virtual']} stages: every rank ran its schedule's "
            "blocks in its order")
+
+
+# ------------------------------------------------------------------- planner (notebook 10)
+def check_predictions(rows: list[Mapping]) -> float:
+    """Each row ``{what, predicted, measured, margin}``: ``|predicted − measured| ≤ margin ×
+    measured`` (margin 0: exact). Returns the largest relative error."""
+    worst = 0.0
+    for r in rows:
+        err = abs(r["predicted"] - r["measured"]) / max(abs(r["measured"]), 1e-300)
+        if err > r["margin"] + 1e-12:
+            fail(f"planner: {r['what']}", f"predicted {r['predicted']:,.0f}, measured "
+                 f"{r['measured']:,.0f} bytes ({err:.2%} off, allowed {r['margin']:.0%})",
+                 "which tensors does this rank hold, and how is each one cut?")
+        worst = max(worst, err)
+    passed(f"planner: {len(rows)} predictions within their margins", f"largest error {worst:.2%}")
+    return worst

@@ -16,7 +16,7 @@ import argparse
 import torch
 import torch.distributed as tdist
 
-from lab_utils import dist, metrics, models, moe, parallel, profile, text
+from lab_utils import dist, memory, metrics, models, moe, parallel, profile, text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,6 +111,7 @@ def main() -> None:
     counts = {"first": summed(first["stats"]["tokens_per_expert"], n),
               "first_dropped": summed(first["stats"]["dropped"], n),
               "last": summed(last["tokens_per_expert"], n), "last_dropped": summed(last["dropped"], n)}
+    counts["rank0_state"] = memory.state_bytes(model, opt)  # the last step's gradients included
     if rank == 0:
         report(args, n, owned, outputs, grads, weights, counts, comm, batches,
                first["stats"]["capacity"], device)
