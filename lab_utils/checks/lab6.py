@@ -192,25 +192,34 @@ def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
     n, grads = kw["n"], kw["psi"] * 4
     act = kw["batch"] * kw["seq_len"] * kw["d_model"] * 4
     ring = (n - 1) / n
-    wrong = [  # the first that matches is named (some coincide when n = 2)
-        (2 * ring * 2 * kw["layers"] * act, "backward all-reduces too: two per block forward, two backward"),
-        (2 * ring * grads, {"zero1": "ZeRO-1 also broadcasts each updated shard to the others",
-                            "fsdp": "FSDP gathers the weights twice (forward, and again in "
-                                    "backward: it freed them) and reduce-scatters the gradients"
-                            }.get(strategy, "")),
-        ((n - 1) * act / n, "the gradient of the boundary activation comes back in backward"),
-        (2 * grads, "the ring sends (n−1)/n of the data per rank and per pass, not all of it"),
-        (ring * grads, "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S"),
-        (grads, "count bytes (4 per fp32 value) and the ring's 2(n−1)/n for an all-reduce"),
-        (ring * 4 * kw["layers"] * act, "each of those all-reduces costs 2(n−1)/n of its size per rank"),
-        (2 * (n - 1) * act, "average over the n ranks: only n − 1 boundaries send"),
-    ]
+    layers = kw["layers"]
+    if strategy in ("tp", "pp"):
+        gradient_answers = [reference.bytes_sent_per_rank(s, **kw) for s in ("ddp", "zero1", "fsdp")]
+        gradient_answers += [grads, 2 * grads, ring * grads]
+        wrong = [(v, "tensor and pipeline parallelism send activations (batch × seq_len × d "
+                     "values), not the Ψ gradients") for v in gradient_answers]
+        wrong += [  # the first that matches is named (some coincide when n = 2)
+            (2 * ring * 2 * layers * act, "backward all-reduces too: two per block forward, two backward"),
+            ((n - 1) * act / n, "the gradient of the boundary activation comes back in backward"),
+            (ring * 4 * layers * act, "each of those all-reduces costs 2(n−1)/n of its size per rank"),
+            (2 * (n - 1) * act, "average over the n ranks: only n − 1 boundaries send"),
+        ]
+        default = "count the all-reduces of a (batch, seq_len, d) activation per block, or the sends per boundary"
+    else:
+        wrong = [
+            (2 * ring * grads, {"zero1": "ZeRO-1 also broadcasts each updated shard to the others",
+                                "fsdp": "FSDP gathers the weights twice (forward, and again in "
+                                        "backward: it freed them) and reduce-scatters the gradients"
+                                }.get(strategy, "")),
+            (2 * grads, "the ring sends (n−1)/n of the data per rank and per pass, not all of it"),
+            (ring * grads, "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S"),
+            (grads, "count bytes (4 per fp32 value) and the ring's 2(n−1)/n for an all-reduce"),
+        ]
+        default = "data parallelism sends the Ψ gradients (and ZeRO-1 / FSDP the Ψ weights too)"
     for value, why in wrong:
         if why and abs(got - value) <= 1e-6 * max(1.0, value):
             return why
-    if strategy in ("tp", "pp"):
-        return "tensor and pipeline parallelism send activations (batch × seq_len × d values), not gradients"
-    return "data parallelism sends the Ψ gradients (and ZeRO-1 / FSDP the Ψ weights too)"
+    return default
 
 
 def check_bytes_sent_per_rank(fn: Callable) -> None:

@@ -111,9 +111,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="bucket sizes (KiB) timed; the first is used for the equivalence check")
     p.add_argument("--repeats", type=int, default=P.pick(quick=3, cpu=8, gpu=10),
                    help="timed rounds; each round times every variant once, in alternating order")
-    p.add_argument("--bug", choices=BUGS, default="none",
-                   help="make HandDDP wrong on purpose: forget the average, or send a bucket "
-                        "as soon as its first gradient is ready")
+    p.add_argument("--bugs", nargs="+", choices=BUGS, default=["none"],
+                   help="the equivalence check of each: HandDDP as written (none) or wrong on "
+                        "purpose (forget the average; send a bucket when its first gradient is ready)")
     p.add_argument("--no-timing", action="store_true", help="only the equivalence check")
     return p.parse_args(argv)
 
@@ -130,14 +130,14 @@ def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def equivalence(args: argparse.Namespace, data, device: torch.device) -> dict:  # noqa: ANN001
+def equivalence(args: argparse.Namespace, bug: str, data, device: torch.device) -> dict:  # noqa: ANN001
     """Train HandDDP and DDP side by side; the largest relative difference of the
     averaged gradients over the steps, and of the weights at the end."""
     torch.manual_seed(args.seed + 1 + tdist.get_rank())  # different starts: the broadcast must fix them
     mine = parallel.build_model(args).to(device)
     for q in mine.parameters():  # a model that differs on every rank before [1]
         q.data.add_(torch.randn_like(q), alpha=0.01 * tdist.get_rank())
-    hand = HandDDP(mine, int(args.bucket_kb[0] * 1024), bug=args.bug)
+    hand = HandDDP(mine, int(args.bucket_kb[0] * 1024), bug=bug)
     ref = DDP(parallel.build_model(args).to(device),
               device_ids=[device.index] if device.type == "cuda" else None)
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (mine, ref)]
@@ -153,7 +153,7 @@ def equivalence(args: argparse.Namespace, data, device: torch.device) -> dict:  
             opt.step()
     weight_err = parallel.relative_error(dict(mine.named_parameters()),
                                          dict(ref.module.named_parameters()))
-    return {"event": "equivalence", "bug": args.bug, "steps": args.steps,
+    return {"event": "equivalence", "bug": bug, "steps": args.steps,
             "buckets": len(hand.buckets), "bucket_kb": args.bucket_kb[0],
             "grad_rel_err": grad_err, "weight_rel_err": weight_err}
 
@@ -257,10 +257,11 @@ def main() -> None:
     device = info.device
     data = parallel.corpus(args)
 
-    eq = equivalence(args, data, device)
-    metrics.emit({**eq, "procs": n})
-    dist.print0(f"HandDDP (bug={args.bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
-                f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}")
+    for bug in args.bugs:
+        eq = equivalence(args, bug, data, device)
+        metrics.emit({**eq, "procs": n})
+        dist.print0(f"HandDDP (bug={bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
+                    f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}")
     if args.no_timing:
         dist.shutdown()
         return
