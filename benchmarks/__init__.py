@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "sharding": "lab4_sharding",
     "tp": "lab4_tp",
     "lab6_cost": "lab6_cost",
+    "lab6_ddp": "lab6_ddp",
 }
 
 
