@@ -139,17 +139,22 @@ def _grade_all(todo: list[tuple[str, Path]], done: dict[str, dict[str, Any]],
         say(f"[{i}/{len(todo)}] {name}: grading ...", flush=True)
         report = grade_mod.grade(path, target, echo=False, **kw)
         report.write_json(out / "reports" / f"{name}.json")
-        rows[name] = {"student": name, "status": report.status, "verdict": report.reason,
-                      "exit_code": report.exit_code, "accuracy": report.accuracy,
-                      "seconds": report.elapsed_s, "warnings": report.warnings,
-                      "message": report.message, "submission": str(path), "sha256": digest,
-                      "target": target.name, "unsafe": report.unsafe,
-                      "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        rows[name] = row_of(name, path, digest, target.name, report)
         acc = "" if report.accuracy is None else f" {report.accuracy:.2%}"
         secs = "" if report.elapsed_s is None else f" in {report.elapsed_s:.1f} s"
         say(f"[{i}/{len(todo)}] {name}: {report.status.upper()} {report.reason}{acc}{secs}",
             flush=True)
         _save(out, rows, target.name)
+
+
+def row_of(name: str, path: Path, digest: str, target: str, report: Any) -> dict[str, Any]:
+    """One student's row of the results table, from their grading report."""
+    return {"student": name, "status": report.status, "verdict": report.reason,
+            "exit_code": report.exit_code, "accuracy": report.accuracy,
+            "seconds": report.elapsed_s, "warnings": report.warnings,
+            "message": report.message, "submission": str(path), "sha256": digest,
+            "target": target, "unsafe": report.unsafe,
+            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 def _save(out: Path, rows: dict[str, dict[str, Any]], target: str) -> None:
@@ -172,6 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regrade", action="store_true", help="grade everyone again")
     p.add_argument("--unsafe-no-sandbox", dest="unsafe", action="store_true",
                    help="grade without the sandbox where none can be made (see lab-grade --help)")
+    p.add_argument("--slurm", action="store_true",
+                   help="one Slurm job per submission (a job array); see assessment/slurm.py")
+    p.add_argument("--partition", default=None, help="with --slurm: sbatch --partition")
+    p.add_argument("--gres", default=None, help="with --slurm: sbatch --gres, e.g. gpu:4")
+    p.add_argument("--time", dest="time_limit", default=None,
+                   help="with --slurm: each job's time limit (default: 2 x (budget + grace) "
+                        "+ 10 min)")
+    p.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[],
+                   help="with --slurm: one more sbatch option (repeat it), e.g. --account=X")
+    p.add_argument("--poll", type=float, default=5.0, help="with --slurm: seconds between polls")
     args = p.parse_args(argv)
     folder = Path(args.folder)
     if not folder.is_dir():
@@ -191,10 +206,33 @@ def main(argv: list[str] | None = None) -> int:
                   "your files, pass --unsafe-no-sandbox.", file=sys.stderr)
             return EXIT_ERROR
     out = Path(args.out) if args.out else folder.with_name(folder.name.rstrip("/") + "-grades")
-    rows = run_batch(folder, target, out, launcher=args.launcher, nprocs=args.nprocs,
-                     entry=args.entry, unsafe=args.unsafe, regrade=args.regrade)
+    if args.slurm:
+        rows = _on_slurm(folder, target, out, args)
+        if rows is None:
+            return EXIT_ERROR
+    else:
+        rows = run_batch(folder, target, out, launcher=args.launcher, nprocs=args.nprocs,
+                         entry=args.entry, unsafe=args.unsafe, regrade=args.regrade)
     print(f"results: {out / 'results.csv'}, {out / 'results.json'}, {out / 'summary.txt'}")
     return EXIT_ERROR if any(r["status"] == "error" for r in rows) else EXIT_PASS
+
+
+def _on_slurm(folder: Path, target: targets_mod.Target, out: Path,
+              args: Any) -> list[dict[str, Any]] | None:
+    """The batch as a Slurm job array (assessment/slurm.py); None where Slurm failed."""
+    from . import slurm
+
+    try:
+        return slurm.run_slurm_batch(
+            folder, target, out, launcher=args.launcher, nprocs=args.nprocs, entry=args.entry,
+            unsafe=args.unsafe, regrade=args.regrade, partition=args.partition,
+            gres=args.gres, time_limit=args.time_limit, extra=args.sbatch_args,
+            poll_s=args.poll)
+    except slurm.SlurmError as e:
+        print(f"lab-grade batch --slurm: {e}", file=sys.stderr)
+        return None
+    except KeyboardInterrupt:
+        return None
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ REASONS = {
     "nan_weights": "broken",  # weights or buffers hold NaN or infinity
     "tampered": "broken",  # the job changed the grader's code, the target or the test data
     "grader_error": "error",  # the grader could not do its job
+    "slurm_killed": "error",  # Slurm ended the grading job first (time limit, node failure, scancel)
 }
 
 
