@@ -164,3 +164,23 @@ def bubbles_by_schedule(runs: Sequence[Mapping], ax: plt.Axes | None = None) -> 
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)
     return ax
+
+
+def tokens_per_expert(panels: Mapping[str, Sequence[int]], capacity: int | None = None,
+                      title: str = "") -> plt.Figure:
+    """One bar chart per panel: the choices each expert received (before the capacity cut),
+    with the capacity as a dashed line (what lies above it was dropped)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), sharey=True,
+                             squeeze=False)
+    for ax, (name, counts) in zip(axes[0], panels.items()):
+        ax.bar([str(e) for e in range(len(counts))], counts, color="#4c72b0")
+        if capacity is not None:
+            ax.axhline(capacity, color="k", ls="--", lw=1, label="capacity")
+            ax.legend(fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("expert")
+    axes[0, 0].set_ylabel("choices routed")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
