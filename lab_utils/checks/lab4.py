@@ -327,3 +327,38 @@ def check_predictions(rows: list[Mapping]) -> float:
         worst = max(worst, err)
     passed(f"planner: {len(rows)} predictions within their margins", f"largest error {worst:.2%}")
     return worst
+
+
+# ------------------------------------------------------------ context parallelism
+def check_ring_attention(fn: Callable) -> float:
+    """The student's ring attention, run for every rank of a ring of n = 1, 2, 4 inside one
+    process (:func:`lab_utils.ring_attention.simulated_ring` hands each rank the previous
+    ranks' K/V blocks), equals full causal attention: outputs, and gradients of q, k, v.
+    Returns the largest relative error."""
+    from lab_utils import ring_attention as ring
+
+    worst = 0.0
+    for n in (1, 2, 4):
+        g = torch.Generator().manual_seed(20 + n)
+        q, k, v = (torch.randn(2, 3, 8, 16, generator=g).requires_grad_() for _ in range(3))
+        full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        weight = torch.randn(full.shape, generator=g)
+        want = torch.autograd.grad((full * weight).sum(), (q, k, v))
+        qs, ks, vs = ([ring.chunk(t, r, n) for r in range(n)] for t in (q, k, v))
+        parts = [fn(qs[r], ks[r], vs[r], r, n, ring.simulated_ring(ks, vs, r)) for r in range(n)]
+        if any(not isinstance(p, torch.Tensor) or p.shape != qs[0].shape for p in parts):
+            fail("ring_attention", f"outputs have shapes {[tuple(getattr(p, 'shape', ())) for p in parts]}, "
+                 f"expected {tuple(qs[0].shape)} per rank", "return this rank's rows of the output")
+        out = torch.cat(parts, dim=2)
+        worst = max(worst, close(out.detach(), full.detach(), what=f"ring attention, {n} ranks: outputs",
+                                 rtol=1e-5, hint="each block must rescale the running sum and "
+                                 "denominator by exp(old max − new max); the rank's own block needs "
+                                 "the causal mask; blocks from later ranks are all in the future"))
+        got = torch.autograd.grad((out * weight).sum(), (q, k, v), allow_unused=True)
+        for name, gr, w in zip("qkv", got, want):
+            if gr is None:
+                fail("ring_attention", f"no gradient reaches {name}",
+                     "compute with the tensors you were given and the blocks pass_kv returns")
+            worst = max(worst, close(gr, w, what=f"ring attention, {n} ranks: gradient of {name}",
+                                     rtol=1e-5))
+    return worst
