@@ -24,6 +24,9 @@ APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bu
 # Debian's browser, for the tests that drive JupyterLab (tests/test_browser.py); not in
 # the Dockerfile (Ubuntu's chromium is a snap) nor in environment.yml.
 BROWSER_APT_PACKAGES="chromium"
+# Slurm and munge, for the one-node cluster the tests start (lab_utils/slurm_cluster.py,
+# tests/test_slurm.py): not in environment.yml (conda has no Slurm daemons).
+SLURM_APT_PACKAGES="slurmctld slurmd slurm-client munge"
 # Only when the python3 found cannot make a venv or lacks the headers Horovod compiles against.
 PYTHON_APT_PACKAGES="python3 python3-venv python3-dev"
 
@@ -48,7 +51,7 @@ is_root() { [[ $(id -u) -eq 0 ]]; }
 
 missing_apt_packages() {
     local pkg python_packages missing=()
-    for pkg in $APT_PACKAGES $BROWSER_APT_PACKAGES; do
+    for pkg in $APT_PACKAGES $BROWSER_APT_PACKAGES $SLURM_APT_PACKAGES; do
         [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] \
             || missing+=("$pkg")
     done
