@@ -379,7 +379,6 @@ class _ExitWatch:
     """What the exit hook needs to know: how ``__main__`` ended, and with which status."""
 
     main_frame: types.FrameType | None
-    raised: BaseException | None = None  # an uncaught exception (its traceback is printed)
     exit_ref: weakref.ref | None = None  # keeps the callback on the last sys.exit exception
     exited: tuple[Any] | None = None  # its status, once Python dropped it after __main__ ended
 
@@ -445,12 +444,7 @@ def leave_at_exit() -> None:
     if _watch is not None:
         return
     _watch = _ExitWatch(_main_frame())
-    real_excepthook, real_register = sys.excepthook, atexit.register
-
-    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        if _watch is not None:
-            _watch.raised = value
-        real_excepthook(kind, value, tb)
+    real_register = atexit.register
 
     def exit_(status: Any = None) -> None:
         exc = _Exit(status)
@@ -478,7 +472,7 @@ def leave_at_exit() -> None:
         _kept_groups.extend(world if group in (None, dist.GroupMember.WORLD) else [group])
         real_destroy(group)
 
-    sys.excepthook, sys.exit, atexit.register = excepthook, exit_, register
+    sys.exit, atexit.register = exit_, register
     dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
     real_register(_exit_without_finalizing)
 
@@ -488,8 +482,9 @@ def _exit_status(watch: _ExitWatch) -> int | None:
     frame = watch.main_frame
     if frame is not None and frame.f_lasti >= 0 and frame.f_code.co_code[frame.f_lasti] in _RETURNS:
         return 0  # __main__ ran to its end
-    if watch.raised is not None:
-        return None if isinstance(watch.raised, KeyboardInterrupt) else 1
+    raised = getattr(sys, "last_value", None)  # Python's record of an uncaught exception
+    if raised is not None:
+        return None if isinstance(raised, KeyboardInterrupt) else 1
     if watch.exited is None:
         return None  # a SystemExit that sys.exit did not raise, or one caught inside main
     status = watch.exited[0]

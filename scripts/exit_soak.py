@@ -12,8 +12,6 @@ Run it under ``nice -n 10`` on a shared machine. The last lines are a Markdown t
 job, launcher, runs, clean, abnormal, and the kinds of abnormal endings.
 """
 
-from __future__ import annotations
-
 import collections
 import re
 import sys
@@ -25,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from lab_utils import launch, profile  # noqa: E402
+from lab_utils import data, launch, profile  # noqa: E402
 
 LAB2 = REPO / "labs" / "lab2_data_parallel" / "scripts"
 LAB4 = REPO / "labs" / "lab4_model_parallel" / "scripts"
@@ -46,6 +44,7 @@ class Job:
     launcher: str = "torchrun"
     launcher_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    stand_in: int = 0  # training images of a synthetic-cifar10 written for each run ($LABS_DATA)
 
 
 JOBS = {
@@ -75,7 +74,8 @@ JOBS = {
     "allreduce_timing": Job(REPO / "benchmarks" / "jobs" / "allreduce_timing.py",
                             ("--sizes", "1024", "--repeats", "1", "--budget-s", "0.1")),
     "reference_horovod": Job(REPO / "assessment" / "solutions" / "reference_horovod.py",
-                             ("--dataset", "fashion-mnist", "--epochs", "1"), launcher="mpirun"),
+                             ("--dataset", "synthetic-cifar10", "--epochs", "1"),
+                             launcher="mpirun", stand_in=256),
 }
 
 # A rank that a signal ended, as torchrun ("exitcode  : -6", "Signal 6 (SIGABRT)"),
@@ -100,9 +100,14 @@ def verdict(result: launch.LaunchResult) -> str:
 
 def run_once(job: Job, timeout: float) -> tuple[str, launch.LaunchResult]:
     with tempfile.TemporaryDirectory(prefix="exit_soak_") as tmp:
+        env = {"LABS_PROFILE": "quick", **job.env}
+        if job.stand_in:
+            data.write_synthetic_cifar10(Path(tmp) / "data" / "synthetic-cifar10",
+                                         n_train=job.stand_in, n_test=64)
+            env["LABS_DATA"] = str(Path(tmp) / "data")
         result = launch.run(job.script, list(job.args), nprocs=job.nprocs, launcher=job.launcher,
-                            timeout=timeout, env={"LABS_PROFILE": "quick", **job.env}, cwd=tmp,
-                            echo=False, launcher_args=list(job.launcher_args))
+                            timeout=timeout, env=env, cwd=tmp, echo=False,
+                            launcher_args=list(job.launcher_args))
     return verdict(result), result
 
 
@@ -113,8 +118,9 @@ def soak(name: str, job: Job, runs: int, timeout: float) -> collections.Counter:
     for i in range(runs):
         ending, result = run_once(job, timeout)
         endings[ending] += 1
+        print(f"{name} {i + 1}/{runs}: {ending} ({result.elapsed:.0f} s)", flush=True)
         if ending != "clean":
-            print(f"{name} run {i + 1}: {ending}\n{result.output[-1500:]}", flush=True)
+            print(result.output[-1500:], flush=True)
     print(f"{name}: {endings['clean']}/{runs} clean in {time.monotonic() - start:.0f} s", flush=True)
     return endings
 

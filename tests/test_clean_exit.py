@@ -18,7 +18,9 @@ import sys
 import pytest
 
 from lab_utils import launch
-from tests.conftest import JOBS
+from tests.conftest import JOBS, REPO, load_script
+
+soak = load_script(REPO / "scripts" / "exit_soak.py")
 
 WRAPPERS = ["ddp", "zero", "fsdp", "dtensor"]
 # How often the old exit failed is rare and load-dependent: the report behind this file
@@ -34,9 +36,9 @@ RUNS = 5
 
 
 def exited_cleanly(result: launch.LaunchResult) -> bool:
-    """Status 0 on every rank, and no C++ runtime's abort message in the output."""
-    text = result.output
-    return result.ok and "terminate called" not in text and "SIGABRT" not in text
+    """Status 0 on every rank, no signal and no C++ runtime's abort message: the soak's
+    own verdict (scripts/exit_soak.py), so the abort below proves that detector too."""
+    return soak.verdict(result) == "clean"
 
 
 def job(*args: str, nprocs: int = 2, launcher: str = "torchrun",
@@ -69,6 +71,29 @@ def test_the_detector_flags_an_abort_at_exit():
     assert "SIGABRT" in result.output  # torchrun's report of the rank's signal
 
 
+def ended(returncode: int = 0, *lines: str, timed_out: bool = False) -> launch.LaunchResult:
+    return launch.LaunchResult(["job"], returncode, 1.0, timed_out=timed_out,
+                               lines=[(0, line) for line in lines])
+
+
+# How each launcher reports a rank that did not end cleanly, as the soak must classify it.
+VERDICTS = {
+    "clean": (ended(0, "12 steps, val_acc 80.00%"), "clean"),
+    "torchrun, a rank's SIGABRT": (ended(1, "  exitcode  : -6 (pid: 4321)"), "signal"),
+    "mpirun, a rank's signal": (ended(134, "mpirun noticed that process rank 1 with PID 7 on node "
+                                           "x exited on signal 6 (Aborted)."), "signal"),
+    "the abort message, status 0": (ended(0, "terminate called without an active exception"),
+                                    "terminate called"),
+    "a failure": (ended(3, "exitcode  : 3 (pid: 1)"), "status 3"),
+    "a hang": (ended(-9, timed_out=True), "hung"),
+}
+
+
+@pytest.mark.parametrize(("result", "expected"), VERDICTS.values(), ids=VERDICTS.keys())
+def test_the_soak_names_each_abnormal_ending(result, expected):
+    assert soak.verdict(result) == expected
+
+
 @pytest.mark.launcher
 def test_a_rank_that_raises_after_its_work_still_fails_with_its_traceback():
     result = job("ddp", "--raise")
@@ -94,6 +119,9 @@ ENDINGS = {
     "sys.exit(0) caught, then SystemExit(4)": (
         "def main():\n    try:\n        sys.exit(0)\n    except SystemExit:\n        pass\n"
         "    raise SystemExit(4)\nmain()", 4, False),
+    "sys.exit(2) caught, then main returns": (
+        "def main():\n    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\nmain()", 0, True),
+    "Ctrl-C": ("raise KeyboardInterrupt", -2, False),  # Python ends itself with SIGINT
 }
 # An object alive at exit: finalization calls its __del__, os._exit does not.
 FINALIZED = "class Last:\n    def __del__(self):\n        print('finalized', file=sys.stderr)\nlast = Last()\n"
@@ -122,6 +150,8 @@ def test_a_rank_exits_with_pythons_own_status(tmp_path, code, status, fast):
     assert done.stderr.count("handler before") == done.stderr.count("handler after") == 1
     if "RuntimeError" in code:
         assert "Traceback" in done.stderr and "RuntimeError: boom" in done.stderr
+    if "KeyboardInterrupt" in code:
+        assert "Traceback" in done.stderr and "KeyboardInterrupt" in done.stderr
 
 
 def test_a_launched_rank_flushes_the_files_it_left_open(tmp_path):
