@@ -106,6 +106,16 @@ NOT_RUN = {
     "labs/lab6_efficiency/03_recomputation.ipynb": NOTEBOOKS,
     ".venv/bin/pytest tests/test_lab6_cost.py": LAB_TESTS,
     ".venv/bin/python -m benchmarks --only lab6_cost": BENCH,
+    # Lab 6, notebooks 4–6
+    "torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 "
+    "--rdzv-id lab6 scripts/ddp_by_hand.py": MACHINES,
+    "torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint $HEAD:29500 "
+    "--rdzv-id lab6p scripts/profile_ddp.py": MACHINES,
+    "LABS_PROFILE=quick LABS_SOLUTIONS=1 .venv/bin/pytest --nbval-lax --nbval-current-env "
+    "labs/lab6_efficiency/04_profiling.ipynb labs/lab6_efficiency/05_ddp_by_hand.ipynb "
+    "labs/lab6_efficiency/06_predicted_bytes.ipynb": NOTEBOOKS,
+    ".venv/bin/pytest tests/test_lab6_ddp.py": LAB_TESTS,
+    ".venv/bin/python -m benchmarks --only lab6_ddp": BENCH,
     # Benchmarks
     "make bench": BENCH,
     "python -m benchmarks --quick": BENCH,
