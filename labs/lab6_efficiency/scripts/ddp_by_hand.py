@@ -106,7 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument("--bucket-kb", nargs="+", type=float,
-                   default=P.pick(quick=[16, 128, 1024], cpu=[8, 32, 128, 512, 2048],
+                   default=P.pick(quick=[16, 128, 1024], cpu=[32, 256, 1024, 4096],
                                   gpu=[256, 1024, 4096, 25600]),
                    help="bucket sizes (KiB) timed; the first is used for the equivalence check")
     p.add_argument("--repeats", type=int, default=P.pick(quick=3, cpu=8, gpu=10),
@@ -231,8 +231,10 @@ def allreduce_times(device: torch.device, sizes: list[int], repeats: int) -> lis
 
 
 def fit_alpha_beta(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
-    """Least-squares α (s) and β (s/byte) of t = α + β·bytes."""
-    beta, alpha = np.polyfit(np.asarray(sizes, float), np.asarray(seconds, float), 1)
+    """α (s) and β (s/byte) of t = α + β·bytes, fitted on relative errors (weights 1/t):
+    plain least squares would let the largest sizes decide everything and leave α to noise."""
+    t = np.asarray(seconds, float)
+    beta, alpha = np.polyfit(np.asarray(sizes, float), t, 1, w=1 / np.maximum(t, 1e-12))
     return float(max(alpha, 0.0)), float(max(beta, 0.0))
 
 
