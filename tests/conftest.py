@@ -64,3 +64,16 @@ def sandbox_or_skip() -> None:
         data.load("fashion-mnist", download=False)
     except data.DataError as e:
         pytest.skip(f"Fashion-MNIST is not installed here: {str(e).splitlines()[0]}")
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """One one-node Slurm cluster for the session (lab_utils.slurm_cluster); skipped,
+    saying why, only where Slurm is not installed or the tests do not run as root."""
+    from lab_utils import slurm_cluster
+
+    problem = slurm_cluster.why_not()
+    if problem:
+        pytest.skip(problem)
+    with slurm_cluster.local_cluster() as cluster:
+        yield cluster

@@ -1,0 +1,186 @@
+"""The course's sbatch files, run for real on a one-node Slurm cluster.
+
+The session's cluster (the ``slurm`` fixture of conftest.py, lab_utils.slurm_cluster)
+runs Lab 2's DDP script through ``srun torchrun`` with a c10d rendezvous and through
+one Slurm task per process, the Horovod script through ``srun --mpi=pmix``, and Lab 4's
+hybrid.py with one task per process, all in the quick profile on 2 processes; each
+job's output shows its ranks and what it trained. A cluster started and then left by
+an error or by Ctrl-C leaves no daemon and no job process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from lab_utils import slurm_cluster
+
+REPO = Path(__file__).resolve().parents[1]
+LAB2 = REPO / "labs" / "lab2_data_parallel"
+LAB4 = REPO / "labs" / "lab4_model_parallel"
+ONE_NODE = ["--nodes=1", "--gpus-per-node=0", "--time=10"]
+TASKS = [*ONE_NODE, "--ntasks-per-node=2", "--cpus-per-task=1"]
+# (folder, sbatch file, sbatch options, environment): the sizes the one test node has.
+JOBS = {
+    "ddp_torchrun": (LAB2, "train_ddp.sbatch", [*ONE_NODE, "--cpus-per-task=2"],
+                     {"PROCS_PER_NODE": "2"}),
+    "ddp_tasks": (LAB2, "train_ddp_tasks.sbatch", TASKS, {}),
+    "horovod": (LAB2, "train_horovod.sbatch", TASKS, {}),
+    "hybrid": (LAB4, "hybrid.sbatch", TASKS,
+               {"TP": "2", "HYBRID_ARGS": "--d-model 32 --heads 4 --layers 2 --seq-len 16 "
+                                          "--batch-size 8 --steps 2 --n-chars 20000"}),
+}
+CHANCE = 0.1  # ten classes
+
+
+def job_env(cluster: slurm_cluster.Cluster, runs: Path, extra: dict[str, str]) -> dict[str, str]:
+    """What a student's shell would hold: the venv on PATH, the quick profile."""
+    env = cluster.env()
+    env.update(extra, LABS_PROFILE="quick", LABS_RUNS=str(runs),
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    return env
+
+
+def wait_for(cluster: slurm_cluster.Cluster, ids: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not cluster.run(["squeue", "-h", "-j", ",".join(ids), "-o", "%i"]).stdout.strip():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"jobs {ids} still queued after {timeout:g} s")
+
+
+def job_field(cluster: slurm_cluster.Cluster, job: str, name: str) -> str:
+    text = cluster.run(["scontrol", "show", "job", "-o", job]).stdout
+    return re.search(rf"\b{name}=(\S+)", text).group(1)
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm, tmp_path_factory) -> dict[str, dict]:
+    """Submit the four jobs at once (Slurm runs them as the node's 2 CPUs allow); their
+    state, run time and output."""
+    tmp = tmp_path_factory.mktemp("sbatch")
+    ids = {}
+    for name, (folder, script, options, extra) in JOBS.items():
+        done = subprocess.run(["sbatch", "--parsable", f"--output={tmp}/{name}-%j.out", *options,
+                               f"slurm/{script}"], cwd=folder, capture_output=True, text=True,
+                              env=job_env(slurm, tmp / "runs", extra), timeout=60)
+        assert done.returncode == 0, done.stderr
+        ids[name] = done.stdout.strip()
+    wait_for(slurm, list(ids.values()), timeout=600)
+    return {name: {"state": job_field(slurm, job, "JobState"),
+                   "run_time": job_field(slurm, job, "RunTime"),
+                   "output": (tmp / f"{name}-{job}.out").read_text()}
+            for name, job in ids.items()}
+
+
+def summary(output: str) -> dict:
+    """The job's last line: ``summary: {...}``, the script's own metrics record."""
+    line = [ln for ln in output.splitlines() if ln.startswith("summary: ")][-1]
+    return json.loads(line.removeprefix("summary: "))
+
+
+def test_the_cluster_is_one_idle_node_that_runs_two_tasks(slurm) -> None:
+    assert slurm.node_state() == "idle" or slurm.node_state().startswith(("mix", "alloc"))
+    out = slurm.run(["srun", "-N1", "-n2", "hostname"], timeout=120).stdout.split()
+    assert len(out) == 2 and set(out) == {slurm.node}
+
+
+def test_ddp_through_srun_torchrun(jobs) -> None:
+    job = jobs["ddp_torchrun"]
+    assert job["state"] == "COMPLETED", job["output"]
+    assert "1 node(s) x 2 process(es)" in job["output"]
+    assert "0: torchrun on" in job["output"]  # one torchrun, on the one node
+    s = summary(job["output"])
+    assert (s["world_size"], s["launcher"]) == (2, "torchrun")
+    assert s["val_acc"] > 2 * CHANCE, job["output"]
+
+
+def test_ddp_with_one_slurm_task_per_process(jobs) -> None:
+    job = jobs["ddp_tasks"]
+    assert job["state"] == "COMPLETED", job["output"]
+    for rank in (0, 1):  # srun --label: each task says which rank Slurm gave it
+        assert f"{rank}: rank {rank} of 2, local rank {rank} on" in job["output"]
+    s = summary(job["output"])
+    # SLURM_PROCID / SLURM_NTASKS read by set_torch_env_from_launcher: the same two ranks
+    # as under torchrun, so the same seeded training to the same accuracy.
+    assert (s["world_size"], s["launcher"]) == (2, "slurm")
+    assert s["val_acc"] == summary(jobs["ddp_torchrun"]["output"])["val_acc"]
+
+
+def test_horovod_through_srun(jobs) -> None:
+    job = jobs["horovod"]
+    assert job["state"] == "COMPLETED", job["output"]
+    for rank in (0, 1):
+        assert f"{rank}: rank {rank} of 2" in job["output"]
+    s = summary(job["output"])
+    assert (s["world_size"], s["script"]) == (2, "horovod")  # both tasks in one Horovod job
+    assert s["val_acc"] > 2 * CHANCE, job["output"]
+
+
+def test_hybrid_with_one_slurm_task_per_process(jobs) -> None:
+    job = jobs["hybrid"]
+    assert job["state"] == "COMPLETED", job["output"]
+    assert "mesh dp=1 × tp=2: weights vs one process" in job["output"]
+    s = summary(job["output"])
+    assert (s["dp"], s["tp"]) == (1, 2)
+    assert s["weights_rel_err"] < 1e-4  # split over 2 ranks, the same weights as one process
+
+
+def test_sbatch_files_keep_their_multi_node_defaults() -> None:
+    for path in [*LAB2.glob("slurm/*.sbatch"), *LAB4.glob("slurm/*.sbatch")]:
+        text = path.read_text()
+        assert "#SBATCH --nodes=2" in text and "#SBATCH --gpus-per-node=4" in text, path
+        subprocess.run(["bash", "-n", str(path)], check=True)
+
+
+# --------------------------------------------------------------------------- teardown
+CHILD = textwrap.dedent("""
+    import subprocess, sys, time
+    from lab_utils import slurm_cluster
+    with slurm_cluster.local_cluster(cpus=1) as c:
+        print(c.folder, flush=True)
+        subprocess.run(["sbatch", "-o", "/dev/null", "--wrap", "sleep 3171"], env=c.env(),
+                       check=True, capture_output=True)
+        while "RUNNING" not in c.run(["squeue", "-h", "-o", "%T"]).stdout:
+            time.sleep(0.3)
+        print("READY", flush=True)
+        if sys.argv[1] == "error":
+            raise RuntimeError("an error inside the block")
+        time.sleep(600)  # until the test interrupts it
+""")
+
+
+def leftovers(folder: str) -> list[psutil.Process]:
+    """Processes of that cluster still alive: its daemons, step daemons and the job."""
+    found = slurm_cluster._tagged(folder)  # noqa: SLF001
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if folder in cmd or "sleep 3171" in cmd:
+            found.append(p)
+    return [p for p in found if p.pid != os.getpid() and slurm_cluster._alive(p)]  # noqa: SLF001
+
+
+@pytest.mark.parametrize("how", ["error", "interrupt"])
+def test_a_cluster_left_by_an_error_or_ctrl_c_leaves_nothing(slurm, how: str) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, how], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    folder = proc.stdout.readline().strip()
+    assert folder and proc.stdout.readline().strip() == "READY", proc.stderr.read()
+    assert any("sleep 3171" in " ".join(p.cmdline()) for p in leftovers(folder))
+    if how == "interrupt":
+        proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert ("RuntimeError" if how == "error" else "KeyboardInterrupt") in err
+    assert leftovers(folder) == [], err
+    assert not Path(folder).exists()
