@@ -4,7 +4,7 @@ and a differentiable pass of a tensor one step around the ring of ranks.
 :func:`ring_pass` sends this rank's tensor to the next rank and returns the previous
 rank's; its backward sends the gradient the other way (to the previous rank) and
 receives the next rank's, so autograd differentiates a ring-attention forward written
-with it. :func:`simulated_ring` gives the same passes inside one process, from the
+with it (:class:`Ring` makes sure every rank runs every pass's backward). :func:`simulated_ring` gives the same passes inside one process, from the
 chunks of every rank, so a ring-attention function can be checked without processes.
 """
 
@@ -53,6 +53,30 @@ def ring_pass(k: torch.Tensor, v: torch.Tensor, group=None) -> tuple[torch.Tenso
     (one message: both stacked). Differentiable: the backward passes gradients back."""
     kv = _RingPass.apply(torch.stack([k, v]), group)
     return kv[0], kv[1]
+
+
+class Ring:
+    """``pass_kv`` for one rank of a real ring of processes (:func:`ring_pass`).
+
+    A causal rank skips the blocks of later ranks, so on that rank the loss does not
+    depend on them and autograd would skip their passes' backward, while the peer
+    waits for that gradient message. :meth:`tie` makes the output depend (with weight
+    zero) on every block received, so every rank runs every pass's backward."""
+
+    def __init__(self, group=None) -> None:  # noqa: ANN001
+        self.group = group
+        self.received: list[torch.Tensor] = []
+
+    def __call__(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = ring_pass(k, v, self.group)
+        self.received += [k, v]
+        return k, v
+
+    def tie(self, out: torch.Tensor) -> torch.Tensor:
+        """``out``, plus zero times every received block."""
+        if not self.received:
+            return out
+        return out + 0.0 * torch.stack([t.sum() for t in self.received]).sum()
 
 
 def simulated_ring(ks: Sequence[torch.Tensor], vs: Sequence[torch.Tensor], rank: int) -> Pass:
