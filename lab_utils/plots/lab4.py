@@ -184,3 +184,23 @@ def tokens_per_expert(panels: Mapping[str, Sequence[int]], capacity: int | None 
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def activations_vs_seq_len(rows: Sequence[Mapping], ax: plt.Axes | None = None) -> plt.Axes:
+    """Activation bytes autograd saved for attention, per rank of a ring (one line per
+    rank) and on one process (dashed), against the sequence length."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5.5, 3.4))
+    rows = sorted(rows, key=lambda r: r["seq_len"])
+    ts = [r["seq_len"] for r in rows]
+    ax.plot(ts, [r["one_process"] / 2**20 for r in rows], "k--o", label="one process")
+    for rank in range(len(rows[0]["per_rank"])):
+        ax.plot(ts, [r["per_rank"][rank] / 2**20 for r in rows], marker="s",
+                label=f"ring, rank {rank}")
+    ax.set_xlabel("sequence length T")
+    ax.set_ylabel("activations saved (MiB)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_title(f"attention, {len(rows[0]['per_rank'])} ranks", fontsize=9)
+    ax.legend(fontsize=7)
+    return ax
