@@ -153,12 +153,14 @@ def hand_ddp_runs():
     return {m["bug"]: m for m in events_of(result, "equivalence")}
 
 
+@pytest.mark.launcher
 def test_hand_ddp_equals_ddp(hand_ddp_runs):
     run = hand_ddp_runs["none"]
     assert run["buckets"] > 2  # several buckets, so the hooks' order matters
     checks.check_hand_ddp(run)
 
 
+@pytest.mark.launcher
 @pytest.mark.parametrize("bug, hint", [("no_average", "divide by the number of ranks"),
                                        ("early_bucket", "before all its gradients")])
 def test_hand_ddp_mistakes_fail(hand_ddp_runs, bug, hint):
@@ -167,6 +169,7 @@ def test_hand_ddp_mistakes_fail(hand_ddp_runs, bug, hint):
 
 
 # ------------------------------------------------------------------ the profiler script, mpirun
+@pytest.mark.launcher
 def test_profile_ddp_under_mpirun(tmp_path):
     """Under mpirun too, each rank writes its trace, and the trace holds one all-reduce per
     DDP bucket per recorded step."""
