@@ -1,0 +1,137 @@
+"""Lab 4.6's schedules: the replay of torch's interleaved and zero-bubble plans from a run's
+block times (equal blocks give (p−1)/(v·m)), W blocks holding activations, the checks of
+a run's blocks and bubble (and that they fail a wrong timeline), and
+pipeline_schedules.py under torchrun.
+"""
+
+import io
+import os
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+import pytest
+from conftest import REPO, load_script
+
+from lab_utils import launch, models, timeline
+from lab_utils.checks import CheckFailed
+from lab_utils.checks import lab4 as checks
+
+SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline_schedules.py"
+TINY = ["--d-model", "32", "--heads", "4", "--layers", "4", "--seq-len", "16", "--batch-size", "8",
+        "--steps", "1", "--n-chars", "20000", "--microbatches", "4", "--repeats", "2"]
+SCHEDULES = ["1f1b", "interleaved", "zbv"]
+
+
+def run(args, *, nprocs: int, timeout: float = 240) -> launch.LaunchResult:
+    return launch.run(SCRIPT, [str(a) for a in args], nprocs=nprocs, timeout=timeout,
+                      echo=False, env={"LABS_PROFILE": "quick"})
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One run of the four schedules on 2 processes, shared by the tests below."""
+    ckpt = tmp_path_factory.mktemp("schedules") / "ps.pt"
+    result = run([*TINY, "--schedules", *SCHEDULES, "--checkpoint", ckpt], nprocs=2).check()
+    return {r["schedule"]: r for r in result.metrics if r.get("event") == "schedule"}, ckpt
+
+
+def ideal(order: dict, f: float = 1.0, b: float = 2.0, w: float = 0.0) -> list[dict]:
+    """Blocks of equal length per kind (B + W = b when the schedule splits W off) and no
+    overhead, at the stages and ranks of ``order``; placed by the replay."""
+    cost = {"F": f, "B": b - w if w else b, "W": w}
+    ev = [{"rank": int(r), "kind": k, "mb": i, "stage": s, "start": 0.0, "end": cost[k]}
+          for r, acts in order.items() for s, k, i in acts]
+    return [e.as_dict() for e in timeline.replay(ev, order).events]
+
+
+# ------------------------------------------------------------------ the model
+@pytest.mark.launcher
+def test_replay_of_equal_blocks_gives_the_interleaving_formula(two_ranks):
+    """torch's interleaved 1F1B plan, equal blocks, free messages: idle / compute = (p−1)/(v·m);
+    1F1B's: (p−1)/m."""
+    runs, _ = two_ranks
+    for name, v in (("1f1b", 1), ("interleaved", 2)):
+        ev = ideal(runs[name]["order"])
+        bubble = timeline.bubble_fraction(ev)
+        assert bubble / (1 - bubble) == pytest.approx((2 - 1) / (v * 4))
+
+
+@pytest.mark.launcher
+def test_zero_bubble_plans_fill_the_bubble_with_w(two_ranks):
+    runs, _ = two_ranks
+    one = timeline.bubble_fraction(ideal(runs["1f1b"]["order"], b=2.0))
+    assert timeline.bubble_fraction(ideal(runs["zbv"]["order"], b=2.0, w=1.0)) < one
+
+
+def test_w_holds_the_activations_until_it_ends():
+    """A micro-batch is held until its W: the old count (released at B) was 1 here."""
+    ev = [{"rank": 0, "stage": 0, "kind": "F", "mb": 0, "start": 0, "end": 1, "saved_bytes": 10},
+          {"rank": 0, "stage": 0, "kind": "F", "mb": 1, "start": 1, "end": 2, "saved_bytes": 10},
+          {"rank": 0, "stage": 0, "kind": "B", "mb": 0, "start": 2, "end": 3},
+          {"rank": 0, "stage": 0, "kind": "F", "mb": 2, "start": 3, "end": 4, "saved_bytes": 10},
+          {"rank": 0, "stage": 0, "kind": "W", "mb": 0, "start": 4, "end": 5}]
+    assert timeline.in_flight(ev)[0] == (3, 30)
+
+
+# ------------------------------------------------------------------ the run and its checks
+@pytest.mark.launcher
+def test_every_schedule_gives_the_unsplit_gradients_and_its_own_blocks(two_ranks):
+    runs, ckpt = two_ranks
+    assert set(runs) == set(SCHEDULES)
+    for r in runs.values():
+        checks.check_equal(r["grad_rel_err"], what=r["schedule"])
+        checks.check_schedule_blocks(r)
+        checks.check_bubble(r)  # a comparison inside the run: holds on a busy machine too
+        assert len(r["every_step_bubble"]) == 2
+    assert any(e["kind"] == "W" for e in runs["zbv"]["events"])
+    assert not any(e["kind"] == "W" for e in runs["interleaved"]["events"])
+    assert {e["stage"] for e in runs["zbv"]["events"] if e["rank"] == 0} == {0, 3}  # the V
+    assert isinstance(models.load(ckpt), models.CharTransformer)
+
+
+@pytest.mark.launcher
+def test_block_check_fails_a_timeline_out_of_order(two_ranks):
+    run_ = dict(two_ranks[0]["interleaved"])
+    ev = sorted(run_["events"], key=lambda e: (e["rank"], e["start"]))
+    first, second = ev[1], ev[2]  # swap two blocks of rank 0
+    run_["events"] = [dict(e, start=second["start"]) if e is first else
+                      dict(e, start=first["start"]) if e is second else e for e in ev]
+    with pytest.raises(CheckFailed, match="order"):
+        checks.check_schedule_blocks(run_)
+
+
+@pytest.mark.launcher
+def test_bubble_check_fails_a_rank_idling_for_no_reason(two_ranks):
+    """The ideal timeline of the plan passes; the same with rank 1 idle for 5 block lengths
+    before one of its blocks (and everything after it on that rank late) fails."""
+    r = two_ranks[0]["zbv"]
+    ev = ideal(r["order"], b=2.0, w=1.0)
+    good = {**r, "events": ev, "every_step_bubble": None}
+    checks.check_bubble(good)
+    cut = sorted(e["start"] for e in ev if e["rank"] == 1)[4]
+    late = [dict(e, start=e["start"] + 5, end=e["end"] + 5) if e["rank"] == 1 and e["start"] >= cut
+            else e for e in ev]
+    with pytest.raises(CheckFailed):
+        checks.check_bubble({**good, "events": late})
+
+
+# ------------------------------------------------------------------ the script's edges
+def test_help_shows_the_profiles_defaults(monkeypatch):
+    monkeypatch.setenv("LABS_PROFILE", "quick")
+    out = io.StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit):
+        load_script(SCRIPT).parse_args(["--help"])
+    assert "'quick' profile" in out.getvalue() and "--virtual" in out.getvalue()
+
+
+def test_stage_placement():
+    mod = load_script(SCRIPT)
+    assert mod.stage_ids("interleaved", 1, 4, 2) == [1, 5]
+    assert mod.stage_ids("zbv", 1, 4, 2) == [1, 6]
+
+
+def test_one_process_is_a_clean_error():
+    result = subprocess.run([sys.executable, str(SCRIPT), *TINY], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "LABS_PROFILE": "quick"})
+    assert result.returncode == 2 and "at least 2 processes" in result.stderr
