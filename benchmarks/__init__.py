@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "pipeline": "lab4_pipeline",
     "sharding": "lab4_sharding",
     "tp": "lab4_tp",
+    "schedules": "lab4_schedules",
     "lab6_cost": "lab6_cost",
     "lab6_ddp": "lab6_ddp",
 }
