@@ -65,7 +65,7 @@ def test_zero_bubble_plans_fill_the_bubble_with_w(two_ranks):
 
 
 def test_w_holds_the_activations_until_it_ends():
-    """A micro-batch is held until its W: the old count (released at B) was 1 here."""
+    """A micro-batch is held until its W: counted as released at its B, 2 were held here."""
     ev = [{"rank": 0, "stage": 0, "kind": "F", "mb": 0, "start": 0, "end": 1, "saved_bytes": 10},
           {"rank": 0, "stage": 0, "kind": "F", "mb": 1, "start": 1, "end": 2, "saved_bytes": 10},
           {"rank": 0, "stage": 0, "kind": "B", "mb": 0, "start": 2, "end": 3},
