@@ -54,6 +54,11 @@ GPU_TARGET = "calibrates the 4-GPU target: needs 4 GPUs and several reference ru
 GIT = ("works on the student's own clone and the course's remote; tests/test_setup_files.py "
        "pulls with it in a clone it makes")
 BENCH = "times the labs for minutes by design; tests/test_benchmarks.py runs `--quick` end to end"
+SLURM_CLUSTER = "submits to a Slurm cluster of 2 nodes x 4 GPUs (the sbatch file's default form)"
+SLURM_RUN_THERE = ("submits to a Slurm cluster; tests/test_slurm.py runs this very command on the "
+                   "one-node cluster it starts (and checks the README still gives it)")
+SLURM_CLASS = ("grades an instructor's folder of submissions on their Slurm cluster; "
+               "tests/test_grader_slurm.py grades a class on the one-node test cluster")
 
 # Commands that do not run here: the command (as shlex reads it, comments dropped) -> why.
 NOT_RUN = {
@@ -83,6 +88,15 @@ NOT_RUN = {
     "horovodrun -np 8 -H node1:4,node2:4 --gloo python scripts/train_horovod.py": MACHINES,
     "mpirun -np 8 -H node1:4,node2:4 -x MASTER_ADDR=node1 -x MASTER_PORT=29500 python "
     "scripts/train_horovod.py": MACHINES,
+    "sbatch slurm/train_ddp.sbatch": SLURM_CLUSTER,
+    "sbatch slurm/train_ddp_tasks.sbatch": SLURM_CLUSTER,
+    "sbatch slurm/train_horovod.sbatch": SLURM_CLUSTER,
+    "PROCS_PER_NODE=2 LABS_PROFILE=quick sbatch --wait --nodes=1 --gpus-per-node=0 --cpus-per-task=2 "
+    "slurm/train_ddp.sbatch": SLURM_RUN_THERE,
+    "LABS_PROFILE=quick sbatch --wait --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
+    "--cpus-per-task=1 slurm/train_ddp_tasks.sbatch": SLURM_RUN_THERE,
+    "LABS_PROFILE=quick sbatch --wait --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
+    "--cpus-per-task=1 slurm/train_horovod.sbatch": SLURM_RUN_THERE,
     "$SPARK_HOME/sbin/start-master.sh": SPARK,
     "$SPARK_HOME/sbin/start-worker.sh spark://node1:7077": SPARK,
     "GLOO_SOCKET_IFNAME=eth0 python scripts/train_horovod_spark.py --master spark://node1:7077 "
@@ -98,6 +112,10 @@ NOT_RUN = {
     "lab-grade assessment/starter.py --target cpu-2proc": GRADE_STARTER,
     "lab-grade my_train.py --target cpu-cifar-standin": STUDENT_SCRIPT,
     "lab-grade batch submissions/ --target cpu-2proc --out grades/": BATCH,
+    "lab-grade batch submissions/ --target gpu-4 --slurm --partition gpu --gres gpu:4 --out grades/":
+        SLURM_CLASS,
+    "lab-grade batch submissions/ --target cpu-2proc --slurm --partition cpu --out grades/":
+        SLURM_CLASS,
     "lab-grade calibrate --target gpu-4 --runs 3 --starter --write assessment/targets/gpu-4.toml":
         GPU_TARGET,
     # Lab 6, notebooks 1–3

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -28,27 +29,41 @@ from lab_utils import slurm_cluster
 REPO = Path(__file__).resolve().parents[1]
 LAB2 = REPO / "labs" / "lab2_data_parallel"
 LAB4 = REPO / "labs" / "lab4_model_parallel"
-ONE_NODE = ["--nodes=1", "--gpus-per-node=0", "--time=10"]
-TASKS = [*ONE_NODE, "--ntasks-per-node=2", "--cpus-per-task=1"]
-# (folder, sbatch file, sbatch options, environment): the sizes the one test node has.
-JOBS = {
-    "ddp_torchrun": (LAB2, "train_ddp.sbatch", [*ONE_NODE, "--cpus-per-task=2"],
-                     {"PROCS_PER_NODE": "2"}),
-    "ddp_tasks": (LAB2, "train_ddp_tasks.sbatch", TASKS, {}),
-    "horovod": (LAB2, "train_horovod.sbatch", TASKS, {}),
-    "hybrid": (LAB4, "hybrid.sbatch", TASKS,
-               {"TP": "2", "HYBRID_ARGS": "--d-model 32 --heads 4 --layers 2 --seq-len 16 "
-                                          "--batch-size 8 --steps 2 --n-chars 20000"}),
+# The one-node commands of Lab 2's README, run here as written (all submitted at once,
+# without --wait), and Lab 4's hybrid.py the same way on 2 tasks.
+README_JOBS = {
+    "ddp_torchrun": "PROCS_PER_NODE=2 LABS_PROFILE=quick sbatch --wait --nodes=1 --gpus-per-node=0 "
+                    "--cpus-per-task=2 slurm/train_ddp.sbatch",
+    "ddp_tasks": "LABS_PROFILE=quick sbatch --wait --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
+                 "--cpus-per-task=1 slurm/train_ddp_tasks.sbatch",
+    "horovod": "LABS_PROFILE=quick sbatch --wait --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
+               "--cpus-per-task=1 slurm/train_horovod.sbatch",
 }
+HYBRID = ("TP=2 HYBRID_ARGS='--d-model 32 --heads 4 --layers 2 --seq-len 16 --batch-size 8 "
+          "--steps 2 --n-chars 20000' LABS_PROFILE=quick sbatch --wait --nodes=1 "
+          "--ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 slurm/hybrid.sbatch")
+JOBS = {**{k: (LAB2, v) for k, v in README_JOBS.items()}, "hybrid": (LAB4, HYBRID)}
 CHANCE = 0.1  # ten classes
 
 
 def job_env(cluster: slurm_cluster.Cluster, runs: Path, extra: dict[str, str]) -> dict[str, str]:
-    """What a student's shell would hold: the venv on PATH, the quick profile."""
+    """What a student's shell would hold: the venv on PATH; runs outside the checkout."""
     env = cluster.env()
-    env.update(extra, LABS_PROFILE="quick", LABS_RUNS=str(runs),
+    env.update(extra, LABS_RUNS=str(runs),
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
     return env
+
+
+def split(command: str) -> tuple[dict[str, str], list[str]]:
+    """``A=1 B=2 sbatch --wait OPTS FILE`` -> the environment and sbatch's arguments
+    (without --wait: the fixture submits every job at once and waits itself)."""
+    words = shlex.split(command)
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):
+        key, value = words.pop(0).split("=", 1)
+        env[key] = value
+    assert words[:2] == ["sbatch", "--wait"], command
+    return env, words[2:]
 
 
 def wait_for(cluster: slurm_cluster.Cluster, ids: list[str], timeout: float) -> None:
@@ -71,9 +86,10 @@ def jobs(slurm, tmp_path_factory) -> dict[str, dict]:
     state, run time and output."""
     tmp = tmp_path_factory.mktemp("sbatch")
     ids = {}
-    for name, (folder, script, options, extra) in JOBS.items():
-        done = subprocess.run(["sbatch", "--parsable", f"--output={tmp}/{name}-%j.out", *options,
-                               f"slurm/{script}"], cwd=folder, capture_output=True, text=True,
+    for name, (folder, command) in JOBS.items():
+        extra, args = split(command)
+        done = subprocess.run(["sbatch", "--parsable", f"--output={tmp}/{name}-%j.out", *args],
+                              cwd=folder, capture_output=True, text=True,
                               env=job_env(slurm, tmp / "runs", extra), timeout=60)
         assert done.returncode == 0, done.stderr
         ids[name] = done.stdout.strip()
@@ -135,6 +151,12 @@ def test_hybrid_with_one_slurm_task_per_process(jobs) -> None:
     s = summary(job["output"])
     assert (s["dp"], s["tp"]) == (1, 2)
     assert s["weights_rel_err"] < 1e-4  # split over 2 ranks, the same weights as one process
+
+
+def test_the_readme_gives_the_commands_run_here() -> None:
+    text = " ".join((LAB2 / "README.md").read_text().split())
+    for command in README_JOBS.values():
+        assert command in text, command
 
 
 def test_sbatch_files_keep_their_multi_node_defaults() -> None:
