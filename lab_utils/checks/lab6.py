@@ -20,11 +20,11 @@ from lab_utils.solutions import lab6 as reference
 def counted_transformer_flops(n_layers: int, d_model: int, vocab: int, batch: int,
                               seq_len: int, n_heads: int = 4) -> int:
     """FLOPs PyTorch's counter sees in one training step of ``char_transformer``
-    (built on the CPU; the count depends on shapes only)."""
-    torch.manual_seed(0)
-    model = models.build("char_transformer", vocab=vocab, d_model=d_model, n_heads=n_heads,
-                         n_layers=n_layers, max_len=seq_len)
-    x = torch.randint(0, vocab, (batch, seq_len))
+    (on the meta device: the count depends on shapes only)."""
+    with torch.device("meta"):
+        model = models.build("char_transformer", vocab=vocab, d_model=d_model, n_heads=n_heads,
+                             n_layers=n_layers, max_len=seq_len)
+        x = torch.zeros(batch, seq_len, dtype=torch.long)
 
     def step() -> None:
         F.cross_entropy(model(x).reshape(-1, vocab), x.reshape(-1)).backward()
@@ -33,11 +33,11 @@ def counted_transformer_flops(n_layers: int, d_model: int, vocab: int, batch: in
 
 
 def counted_cnn_flops(width: int, batch: int, image_size: int = 28) -> int:
-    """FLOPs PyTorch's counter sees in one training step of ``fmnist_cnn``."""
-    torch.manual_seed(0)
-    model = models.build("fmnist_cnn", width=width, image_size=image_size)
-    x = torch.randn(batch, 1, image_size, image_size)
-    y = torch.zeros(batch, dtype=torch.long)
+    """FLOPs PyTorch's counter sees in one training step of ``fmnist_cnn`` (meta device)."""
+    with torch.device("meta"):
+        model = models.build("fmnist_cnn", width=width, image_size=image_size)
+        x = torch.zeros(batch, 1, image_size, image_size)
+        y = torch.zeros(batch, dtype=torch.long)
     return flops.count_flops(lambda: F.cross_entropy(model(x), y).backward())
 
 
