@@ -106,6 +106,17 @@ class Runner:
         self.schedule.step(*args, **kwargs)
 
 
+def make_runner(name: str, model: nn.Module, rank: int, p: int, m: int,
+                args: argparse.Namespace, device: torch.device) -> Runner | None:
+    """The schedule on this rank, or None (said once) when it rejects this p and m: every
+    rank decides the same from the same arguments (DualPipeV wants m ≥ 2p)."""
+    try:
+        return Runner(name, model, rank, p, m, args, device)
+    except ValueError as exc:
+        dist.print0(f"{name} m={m}: skipped, {exc}")
+        return None
+
+
 def main() -> None:
     args = parse_args()
     p = dist.detect().world_size
@@ -130,7 +141,7 @@ def main() -> None:
         ref_grads = {n: q.grad.clone() for n, q in reference.named_parameters()}
 
     for m in args.microbatches:
-        runners = [Runner(n, model, rank, p, m, args, device) for n in args.schedules]
+        runners = [r for n in args.schedules if (r := make_runner(n, model, rank, p, m, args, device))]
         for r in runners:  # warm-up: also infers the shapes sent between stages
             model.zero_grad()
             r.step(x, y)
@@ -192,9 +203,11 @@ def report(r: Runner, p: int, samples: list[tuple[float, list[dict]]], grad_err:
 
 def train(args: argparse.Namespace, model: nn.Module, rank: int, p: int, device: torch.device,
           data) -> None:  # noqa: ANN001
-    """--steps steps of the last schedule with Adam on this rank's stages; rank 0 saves
-    the whole model."""
-    r = Runner(args.schedules[-1], model, rank, p, args.microbatches[-1], args, device)
+    """--steps steps of the last schedule (1F1B if it rejects the last m) with Adam on this
+    rank's stages; rank 0 saves the whole model."""
+    m = args.microbatches[-1]
+    r = make_runner(args.schedules[-1], model, rank, p, m, args, device) or Runner(
+        "1f1b", model, rank, p, m, args, device)
     owned = [q for n, q in model.named_parameters() if n.startswith(r.prefixes)]
     optimizer = torch.optim.Adam(owned, lr=args.lr)
     for step in range(args.steps):
