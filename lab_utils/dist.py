@@ -122,7 +122,7 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
         launcher = "slurm"
         rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_NTASKS")
         local_rank = _int(env, "SLURM_LOCALID", default=0)
-        local_size = _int(env, "SLURM_NTASKS_PER_NODE", default=size)
+        local_size = _slurm_tasks_here(env, size)
         job = env.get("SLURM_JOB_ID", "") + "." + env.get("SLURM_STEP_ID", "")
     else:
         return LaunchEnv("single", 0, 1, 0, 1, addr, port, "")
@@ -139,6 +139,20 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
             )
         addr = "127.0.0.1"
     return LaunchEnv(launcher, rank, size, local_rank, local_size, addr, port, job)
+
+
+def _slurm_tasks_here(env: dict[str, str], size: int) -> int:
+    """Tasks of this Slurm step on this node. ``SLURM_NTASKS_PER_NODE`` exists only with
+    ``--ntasks-per-node``; ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``: two tasks on each
+    of three nodes, then one) always does, indexed by ``SLURM_NODEID``."""
+    if env.get("SLURM_NTASKS_PER_NODE", "").isdigit():
+        return int(env["SLURM_NTASKS_PER_NODE"])
+    counts: list[int] = []
+    for part in filter(None, env.get("SLURM_STEP_TASKS_PER_NODE", "").split(",")):
+        n, _, times = part.partition("(x")
+        counts += [int(n)] * int(times.rstrip(")") or 1)
+    node = _int(env, "SLURM_NODEID", default=0)
+    return counts[node] if node < len(counts) else size
 
 
 def _free_port() -> int:

@@ -206,3 +206,23 @@ def test_a_cluster_left_by_an_error_or_ctrl_c_leaves_nothing(slurm, how: str) ->
     assert ("RuntimeError" if how == "error" else "KeyboardInterrupt") in err
     assert leftovers(folder) == [], err
     assert not Path(folder).exists()
+
+
+# --------------------------------------------------------------------------- no cluster
+def test_slurm_ranks_without_ntasks_per_node() -> None:
+    """``srun -N2 -n8`` sets no SLURM_NTASKS_PER_NODE: the tasks on this node come from
+    SLURM_STEP_TASKS_PER_NODE, so a multi-node job is not taken for one machine (which
+    would put rank 0 on 127.0.0.1 and Gloo on the loopback)."""
+    from lab_utils import dist
+
+    step = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+    le = dist.detect({**step, "MASTER_ADDR": "node1"})
+    assert (le.launcher, le.rank, le.world_size, le.local_rank, le.local_world_size) == \
+        ("slurm", 5, 8, 1, 4)
+    with pytest.raises(RuntimeError, match="MASTER_ADDR is not set"):
+        dist.set_torch_env_from_launcher(dict(step))
+    uneven = dist.detect({**step, "SLURM_STEP_TASKS_PER_NODE": "5,3", "MASTER_ADDR": "node1"})
+    assert (uneven.local_world_size, uneven.master_addr) == (3, "node1")
+    one_node = dist.detect({**step, "SLURM_NODEID": "0", "SLURM_STEP_TASKS_PER_NODE": "8"})
+    assert (one_node.local_world_size, one_node.master_addr) == (8, "127.0.0.1")
