@@ -89,8 +89,14 @@ def test_a_save_killed_before_metadata_is_detected(tmp_path):
 
 
 def test_process_count_that_does_not_fit_stops_cleanly(tmp_path):
-    result = run(["--save", tmp_path / "c", "--reference", tmp_path / "r.pt"], 3)
-    assert not result.ok and "error: the global batch 8 cannot be split over 3" in result.output
+    """As rank 0 of 3 (torchrun's environment): the script stops before any process group."""
+    env = {"LABS_PROFILE": "quick", "PATH": "", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0",
+           "LOCAL_WORLD_SIZE": "3"}
+    done = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--save", str(tmp_path / "c"),
+                           "--reference", str(tmp_path / "r.pt")], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 2 and "error: the global batch 8 cannot be split over 3" in done.stderr
+    assert not (tmp_path / "c").exists()
 
 
 def test_help_names_both_modes():

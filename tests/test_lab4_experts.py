@@ -118,10 +118,17 @@ def test_checkpoint_rebuilds_the_trained_model(four):
     assert len(model.layers[1].moe.experts) == 4
 
 
+def as_rank0_of(n: int) -> dict:
+    """The environment torchrun gives rank 0 of n: the script decides from it alone, before
+    any process group exists (test_lab4.py runs that path under torchrun itself)."""
+    return {"LABS_PROFILE": "quick", "PATH": "", "RANK": "0", "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": str(n)}
+
+
 def test_process_count_that_does_not_fit_stops_cleanly():
-    result = launch.run(SCRIPT, [*TINY, "--experts", "4"], nprocs=3, timeout=120, echo=False,
-                        env={"LABS_PROFILE": "quick"})
-    assert not result.ok and "error: --experts 4 cannot be spread over 3 processes" in result.output
+    done = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--experts", "4"], capture_output=True,
+                          text=True, env=as_rank0_of(3), timeout=120)
+    assert done.returncode == 2 and "error: --experts 4 cannot be spread over 3 processes" in done.stderr
 
 
 def test_help_shows_the_profile_defaults():
