@@ -10,6 +10,8 @@ verdict. After every student the grader rewrites ``results.json`` and
 keeps the full report in ``reports/<student>.json``; ``summary.txt`` counts the
 verdicts. Run it again after an interruption: students already graded with the
 same submission file and target are not graded again (``--regrade`` forces it).
+With ``--slurm`` each submission is one job of a Slurm job array instead
+(:mod:`assessment.slurm`), with the same sandbox, target and results files.
 """
 
 from __future__ import annotations
