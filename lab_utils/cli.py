@@ -47,9 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=128, help="per process")
     p.add_argument("--lr", type=float, default=0.05, help="for one process; scaled by world size")
-    p.add_argument("--lr-scaling", choices=["sqrt", "linear", "none"], default="sqrt",
-                   help="N processes use √N × lr (default: linear N × lr collapsed on 4 or "
-                        "more processes in Lab 2's measurements), N × lr, or lr")
+    p.add_argument("--lr-scaling", choices=optim.SCALING_RULES, default="linear",
+                   help="N processes use N × lr (linear, with the warm-up: Lab 3's rule), "
+                        "√N × lr (sqrt) or lr (none)")
     p.add_argument("--no-lr-scaling", action="store_true", help="same as --lr-scaling none")
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--momentum", type=float, default=0.9)
@@ -126,8 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                                 nesterov=args.momentum > 0, weight_decay=args.weight_decay)
     steps = epochs * len(train_loader)
     warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
-    schedule = optim.lambda_lr(optimizer, optim.lr_schedule(steps, warmup_steps=warm,
-                                                            decay="cosine"))
+    schedule = optim.lambda_lr(optimizer, optim.lr_schedule(  # from the one-process rate
+        steps, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"))
     net = DDP(model) if info.distributed else model
     trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
                       progress=args.progress, metrics_path=args.metrics,

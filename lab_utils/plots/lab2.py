@@ -490,3 +490,35 @@ def show_diff(old_path: str | Path, new_path: str | Path,
             for hunk in s.hunks:
                 print("\n".join(k + " " + line for k, line in hunk))
     return steps
+
+
+def accuracy_vs_time(evals: Mapping[int, Sequence[Mapping[str, float]]], target: float,
+                     reached: Mapping[int, float | None], *,
+                     cores: int | None = None) -> plt.Figure:
+    """Test accuracy against seconds of training for each process count (left), and the
+    time each took to reach ``target`` (right; counts beyond ``cores`` hatched: they took
+    turns on the cores, so their time says little)."""
+    ns = sorted(evals)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    for n in ns:
+        ax1.plot([e["seconds"] for e in evals[n]], [100 * e["val_acc"] for e in evals[n]],
+                 marker="o", ms=3, label=f"N = {n}")
+    ax1.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {target:.1%}")
+    ax1.set_xlabel("seconds of training (evaluations left out)")
+    ax1.set_ylabel("test accuracy (%)")
+    ax1.legend(fontsize=8)
+    labels = [str(n) for n in ns]
+    heights = [reached[n] if reached[n] is not None else 0.0 for n in ns]
+    bars = ax2.bar(labels, heights, color="tab:purple", alpha=0.75)
+    for bar, n in zip(bars, ns):
+        if cores is not None and n > cores:
+            bar.set_hatch("//")
+        if reached[n] is None:
+            ax2.text(bar.get_x() + bar.get_width() / 2, 0, "not\nreached", ha="center",
+                     va="bottom", fontsize=8)
+    ax2.set_xlabel("processes" + (f" (hatched: more than {cores} cores)" if cores else ""))
+    ax2.set_ylabel("seconds to the target")
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig

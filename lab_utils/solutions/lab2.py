@@ -6,7 +6,7 @@ Written the way the notebooks ask for them; the tested library versions live in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -68,3 +68,12 @@ def scaling_efficiency(throughput: Mapping[int, float]) -> dict[int, float]:
     """Efficiency of N processes: throughput(N) / (N · throughput(1))."""
     base = throughput[1]
     return {n: t / (n * base) for n, t in throughput.items()}
+
+
+def time_to_target(evals: Sequence[Mapping[str, float]], target: float) -> float | None:
+    """Training seconds at the first evaluation whose accuracy reached ``target`` (``None``
+    if none did). ``evals``: the run's ``{"seconds", "val_acc"}`` records in time order."""
+    for e in evals:
+        if e["val_acc"] >= target:
+            return e["seconds"]
+    return None

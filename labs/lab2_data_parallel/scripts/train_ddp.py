@@ -36,13 +36,22 @@ def evaluate(model: torch.nn.Module, loader: TensorLoader) -> torch.Tensor:
     return sums
 
 
+def look(model: torch.nn.Module, loader: TensorLoader, step: int, seconds: float,
+         reports: bool) -> float:
+    """Test accuracy after ``step`` steps and ``seconds`` of training, as a metrics event
+    (04_scaling plots it against time); returns the seconds the evaluation took."""
+    evaluated = time.perf_counter()
+    _, correct, n = evaluate(model, loader).tolist()
+    if reports:
+        metrics.emit({"event": "eval", "step": step, "seconds": seconds, "val_acc": correct / n})
+    return time.perf_counter() - evaluated
+
+
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
-                   help="N processes use √N × lr (sqrt) or N × lr (linear)")
-    p.add_argument("--max-lr", type=float, default=0.05,  # [5]
-                   help="cap on the scaled rate (above it this network diverged on 8 processes)")
-    p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
+    p.add_argument("--lr-scaling", choices=optim.SCALING_RULES, default="linear",  # [5]
+                   help="N processes use N × lr (linear), √N × lr (sqrt) or lr (none)")
+    p.add_argument("--warmup-epochs", type=float, default=common.WARMUP_EPOCHS,  # [5]
                    help="epochs over which the learning rate rises from lr to its scaled value")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0,  # [4]
                    help="DDP gradient bucket size in MB")
@@ -74,16 +83,17 @@ def main() -> None:
     # [4] DDP copies rank 0's weights to all, then all-reduces gradients in buckets
     model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None,
                 bucket_cap_mb=args.bucket_cap_mb)
-    # [5] N× the batch per step: a larger learning rate (Lab 3). Linear scaling (N×) diverged
-    #     here on 4 processes or more; square-root scaling (√N×) trained at every N we ran
-    lr = min(optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size,
-                            args.lr_scaling), args.max_lr)  # [5] capped where it diverged
+    # [5] N× the batch per step: N× the learning rate (linear scaling, Goyal et al.; Lab 3),
+    #     reached by a gradual warm-up from the one-process rate, then annealed as before
+    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * world_size, args.lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
-    warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, min(1, args.lr / lr)))
+    total = common.total_steps(args, len(train))  # the rate follows a cosine down to 0
+    warm = min(total, round(args.warmup_epochs * len(train)))  # [5]
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
+        total, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"))  # [5]
 
-    step, start = 0, time.perf_counter()
+    step, start, paused = 0, time.perf_counter(), 0.0  # paused: seconds spent evaluating
     for epoch in range(args.epochs):
         train.set_epoch(epoch)  # a new shuffle every epoch
         train_sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, steps
@@ -97,12 +107,17 @@ def main() -> None:
             train_sums += torch.stack([loss.detach().double(), torch.ones((), device=device)])
             if step == 1:
                 start = time.perf_counter()  # time from the second step: the first warms up
+            if args.eval_every and step % args.eval_every == 0:  # accuracy against time
+                paused += look(model.module, test, step, time.perf_counter() - start - paused,
+                               rank == 0)  # [6] one rank reports
             if step == args.max_steps:
                 break
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - paused  # training time: evaluations left out
         dist.all_reduce(train_sums)  # [7] the loss averaged over all ranks
         loss_sum, n_steps = train_sums.tolist()
+        evaluated = time.perf_counter()
         test_loss, correct, n = evaluate(model.module, test).tolist()  # [4] unwrapped
+        paused += time.perf_counter() - evaluated
         if rank == 0:  # [6] one rank reports
             print(f"epoch {epoch + 1}: train_loss {loss_sum / n_steps:.4f}  "
                   f"val_loss {test_loss / n:.4f}  val_acc {correct / n:.2%}", flush=True)
@@ -115,7 +130,7 @@ def main() -> None:
     samples_per_s = (step - 1) * global_batch / max(seconds, 1e-9)
     summary = {"event": "summary", "script": "ddp", "world_size": world_size, "launcher": launcher,
                "steps": step, "lr": lr, "global_batch": global_batch, "samples_per_s": samples_per_s,
-               "train_loss": loss_sum / n_steps, "val_acc": correct / n}
+               "train_loss": loss_sum / n_steps, "val_acc": correct / n, "train_seconds": seconds}
     if rank == 0:  # [6] one rank writes and prints
         metrics.emit(summary)
         print(f"{step} steps, {samples_per_s:.0f} samples/s, val_acc {correct / n:.2%}",

@@ -32,13 +32,22 @@ def evaluate(model: torch.nn.Module, loader: TensorLoader) -> torch.Tensor:
     return hvd.allreduce(sums, op=hvd.Sum, name="eval")  # [7] add up every rank's part
 
 
+def look(model: torch.nn.Module, loader: TensorLoader, step: int, seconds: float,
+         reports: bool) -> float:
+    """Test accuracy after ``step`` steps and ``seconds`` of training, as a metrics event
+    (04_scaling plots it against time); returns the seconds the evaluation took."""
+    evaluated = time.perf_counter()
+    _, correct, n = evaluate(model, loader).tolist()
+    if reports:
+        metrics.emit({"event": "eval", "step": step, "seconds": seconds, "val_acc": correct / n})
+    return time.perf_counter() - evaluated
+
+
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
-    p.add_argument("--lr-scaling", choices=["sqrt", "linear"], default="sqrt",  # [5]
-                   help="N processes use √N × lr (sqrt) or N × lr (linear)")
-    p.add_argument("--max-lr", type=float, default=0.05,  # [5]
-                   help="cap on the scaled rate (above it this network diverged on 8 processes)")
-    p.add_argument("--warmup-epochs", type=float, default=1.0,  # [5]
+    p.add_argument("--lr-scaling", choices=optim.SCALING_RULES, default="linear",  # [5]
+                   help="N processes use N × lr (linear), √N × lr (sqrt) or lr (none)")
+    p.add_argument("--warmup-epochs", type=float, default=common.WARMUP_EPOCHS,  # [5]
                    help="epochs over which the learning rate rises from lr to its scaled value")
     args = common.parse_args(p)
     hvd.init()  # [1] Horovod's own communication (MPI or Gloo): no torch process group
@@ -59,19 +68,20 @@ def main() -> None:
 
     model = common.build_model(args).to(device)
     torch.manual_seed(args.seed + hvd.rank())  # [2] different augmentations on each rank
-    # [5] N× the batch per step: a larger learning rate, √N× by default (see train_ddp.py)
-    lr = min(optim.scale_lr(args.lr, args.batch_size, args.batch_size * hvd.size(),
-                            args.lr_scaling), args.max_lr)  # [5] capped where it diverged
+    # [5] N× the batch per step: N× the learning rate, warmed up (see train_ddp.py)
+    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * hvd.size(), args.lr_scaling)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
     # [4] average gradients with all-reduce during backward; start every rank from rank 0's state
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # [4]
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # [4]
-    warm = round(args.warmup_epochs * len(train))  # [5] rise from lr gradually, as in Lab 3
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.warmup(warm, min(1, args.lr / lr)))
+    total = common.total_steps(args, len(train))  # the rate follows a cosine down to 0
+    warm = min(total, round(args.warmup_epochs * len(train)))  # [5]
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
+        total, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"))  # [5]
 
-    step, start = 0, time.perf_counter()
+    step, start, paused = 0, time.perf_counter(), 0.0  # paused: seconds spent evaluating
     for epoch in range(args.epochs):
         train.set_epoch(epoch)  # a new shuffle every epoch
         train_sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, steps
@@ -85,12 +95,17 @@ def main() -> None:
             train_sums += torch.stack([loss.detach().double(), torch.ones((), device=device)])
             if step == 1:
                 start = time.perf_counter()  # time from the second step: the first warms up
+            if args.eval_every and step % args.eval_every == 0:  # accuracy against time
+                paused += look(model, test, step, time.perf_counter() - start - paused,
+                               hvd.rank() == 0)  # [6] one rank reports
             if step == args.max_steps:
                 break
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - paused  # training time: evaluations left out
         train_sums = hvd.allreduce(train_sums, op=hvd.Sum, name="train_loss")  # [7]
         loss_sum, n_steps = train_sums.tolist()
+        evaluated = time.perf_counter()
         test_loss, correct, n = evaluate(model, test).tolist()
+        paused += time.perf_counter() - evaluated
         if hvd.rank() == 0:  # [6] one rank reports
             print(f"epoch {epoch + 1}: train_loss {loss_sum / n_steps:.4f}  "
                   f"val_loss {test_loss / n:.4f}  val_acc {correct / n:.2%}", flush=True)
@@ -103,7 +118,7 @@ def main() -> None:
     samples_per_s = (step - 1) * global_batch / max(seconds, 1e-9)
     summary = {"event": "summary", "script": "horovod", "world_size": hvd.size(), "launcher": detect().launcher,
                "steps": step, "lr": lr, "global_batch": global_batch, "samples_per_s": samples_per_s,
-               "train_loss": loss_sum / n_steps, "val_acc": correct / n}
+               "train_loss": loss_sum / n_steps, "val_acc": correct / n, "train_seconds": seconds}
     if hvd.rank() == 0:  # [6] one rank writes and prints
         metrics.emit(summary)
         print(f"{step} steps, {samples_per_s:.0f} samples/s, val_acc {correct / n:.2%}",

@@ -21,31 +21,31 @@ import time
 from pathlib import Path
 from typing import Any
 
+import common
+
 from lab_utils import data, metrics, profile, spark_cluster
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    P = profile.current()  # the same defaults as train_horovod.py
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    D = common.defaults()  # the same defaults as train_horovod.py
+    p = profile.script_parser(__doc__.splitlines()[0])
     p.add_argument("--master", default=None,
                    help="spark://host:7077 of a running cluster (default: start a local one)")
     p.add_argument("--num-proc", type=int, default=2, help="Horovod ranks = Spark tasks")
     p.add_argument("--dataset", choices=("fashion-mnist",), default="fashion-mnist")
-    p.add_argument("--epochs", type=int, default=P.pick(quick=1, cpu=2, gpu=10))
-    p.add_argument("--batch-size", type=int, default=P.pick(quick=64, cpu=128, gpu=256),
+    p.add_argument("--epochs", type=int, default=D["epochs"])
+    p.add_argument("--batch-size", type=int, default=D["batch_size"],
                    help="samples per step and process")
-    p.add_argument("--lr", type=float, default=0.05,
-                   help="learning rate of one process; N processes use √N × lr, capped")
-    p.add_argument("--max-lr", type=float, default=0.05,
-                   help="cap on the scaled learning rate (as train_horovod.py)")
-    p.add_argument("--warmup-epochs", type=float, default=1.0,
+    p.add_argument("--lr", type=float, default=D["lr"],
+                   help="peak learning rate of one process; N processes use N × lr, warmed up")
+    p.add_argument("--warmup-epochs", type=float, default=common.WARMUP_EPOCHS,
                    help="epochs over which the learning rate rises to its scaled value")
     p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--n-train", type=int, default=P.pick(quick=2048, cpu=20000, gpu=0),
+    p.add_argument("--n-train", type=int, default=D["n_train"],
                    help="training images to use (0: all)")
-    p.add_argument("--n-test", type=int, default=P.pick(quick=1024, cpu=5000, gpu=0),
+    p.add_argument("--n-test", type=int, default=D["n_test"],
                    help="test images to use (0: all)")
-    p.add_argument("--width", type=int, default=P.pick(quick=16, cpu=32, gpu=64),
+    p.add_argument("--width", type=int, default=D["width"],
                    help="channels of the first layer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--store", default=None,
@@ -110,9 +110,8 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
 
     model = models.build("fmnist_cnn", width=args["width"], batch_norm=False)
     torch.manual_seed(args["seed"] + hvd.rank())
-    # train_horovod.py's rule: √N × lr, capped, reached by a gradual warm-up (Lab 3)
-    lr = min(optim.scale_lr(args["lr"], args["batch_size"], args["batch_size"] * hvd.size(),
-                            "sqrt"), args["max_lr"])
+    # train_horovod.py's rule: N × lr, reached by a gradual warm-up, then a cosine to 0 (Lab 3)
+    lr = optim.scale_lr(args["lr"], args["batch_size"], args["batch_size"] * hvd.size(), "linear")
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args["weight_decay"])
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
@@ -120,9 +119,10 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     timer = StepTimer(0)
     start = time.perf_counter()
-    warm = round(args["warmup_epochs"] * len(train))
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
-                                                 optim.warmup(warm, min(1, args["lr"] / lr)))
+    total = args["epochs"] * len(train)
+    warm = min(total, round(args["warmup_epochs"] * len(train)))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
+        total, warmup_steps=warm, warmup_start=args["lr"] / lr, decay="cosine"))
     trainer = Trainer(model, optimizer, scheduler=schedule, callbacks=[timer], progress=False)
     history = trainer.fit(train, args["epochs"], val_loader=test)
     # Where this rank ran: a Spark executor's working folder is <work dir>/<app>/<executor id>.
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace, master: str) -> dict[str, Any]:
             print(f"Spark prepared {sum(counts.values())} training images, per class: {counts}",
                   flush=True)
             hparams = {k: getattr(args, k) for k in
-                       ("epochs", "batch_size", "lr", "max_lr", "warmup_epochs", "weight_decay",
+                       ("epochs", "batch_size", "lr", "warmup_epochs", "weight_decay",
                         "width", "seed")}
             before = stage_ids(spark)
             start = time.perf_counter()

@@ -12,7 +12,7 @@ import common
 import torch
 import torch.nn.functional as F
 
-from lab_utils import data, metrics, models, profile
+from lab_utils import data, metrics, models, optim, profile
 from lab_utils.loader import TensorLoader
 
 
@@ -29,6 +29,17 @@ def evaluate(model: torch.nn.Module, loader: TensorLoader) -> torch.Tensor:
     return sums
 
 
+def look(model: torch.nn.Module, loader: TensorLoader, step: int, seconds: float,
+         reports: bool) -> float:
+    """Test accuracy after ``step`` steps and ``seconds`` of training, as a metrics event
+    (04_scaling plots it against time); returns the seconds the evaluation took."""
+    evaluated = time.perf_counter()
+    _, correct, n = evaluate(model, loader).tolist()
+    if reports:
+        metrics.emit({"event": "eval", "step": step, "seconds": seconds, "val_acc": correct / n})
+    return time.perf_counter() - evaluated
+
+
 def main() -> None:
     args = common.parse_args(common.parser(__doc__.splitlines()[0]))
     torch.manual_seed(args.seed)
@@ -43,8 +54,10 @@ def main() -> None:
     lr = args.lr
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9,
                                 weight_decay=args.weight_decay)
+    total = common.total_steps(args, len(train))  # the rate follows a cosine down to 0
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(total, decay="cosine"))
 
-    step, start = 0, time.perf_counter()
+    step, start, paused = 0, time.perf_counter(), 0.0  # paused: seconds spent evaluating
     for epoch in range(args.epochs):
         train.set_epoch(epoch)  # a new shuffle every epoch
         train_sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, steps
@@ -53,15 +66,20 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
             step += 1
             train_sums += torch.stack([loss.detach().double(), torch.ones((), device=device)])
             if step == 1:
                 start = time.perf_counter()  # time from the second step: the first warms up
+            if args.eval_every and step % args.eval_every == 0:  # accuracy against time
+                paused += look(model, test, step, time.perf_counter() - start - paused, True)
             if step == args.max_steps:
                 break
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - paused  # training time: evaluations left out
         loss_sum, n_steps = train_sums.tolist()
+        evaluated = time.perf_counter()
         test_loss, correct, n = evaluate(model, test).tolist()
+        paused += time.perf_counter() - evaluated
         print(f"epoch {epoch + 1}: train_loss {loss_sum / n_steps:.4f}  "
               f"val_loss {test_loss / n:.4f}  val_acc {correct / n:.2%}", flush=True)
         if step == args.max_steps:
@@ -73,7 +91,7 @@ def main() -> None:
     samples_per_s = (step - 1) * global_batch / max(seconds, 1e-9)
     summary = {"event": "summary", "script": "serial", "world_size": 1,
                "steps": step, "lr": lr, "global_batch": global_batch, "samples_per_s": samples_per_s,
-               "train_loss": loss_sum / n_steps, "val_acc": correct / n}
+               "train_loss": loss_sum / n_steps, "val_acc": correct / n, "train_seconds": seconds}
     metrics.emit(summary)
     print(f"{step} steps, {samples_per_s:.0f} samples/s, val_acc {correct / n:.2%}", flush=True)
 
