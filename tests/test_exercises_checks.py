@@ -51,12 +51,12 @@ def test_a_lab_added_later_is_searched_too(monkeypatch, tmp_path):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
     from lab_utils import solutions
 
-    (tmp_path / "lab6.py").write_text("def pipeline_bubble(stages, micro_batches):\n    return 0\n")
+    (tmp_path / "lab99.py").write_text("def pipeline_bubble(stages, micro_batches):\n    return 0\n")
     monkeypatch.setattr(solutions, "__path__", [*solutions.__path__, str(tmp_path)])
-    monkeypatch.delitem(sys.modules, "lab_utils.solutions.lab6", raising=False)
+    monkeypatch.delitem(sys.modules, "lab_utils.solutions.lab99", raising=False)
     hint = downstream_hint(NameError("name 'pipeline_bubble' is not defined",
                                      name="pipeline_bubble"))
-    assert hint is not None and "lab6.pipeline_bubble" in hint
+    assert hint is not None and "lab99.pipeline_bubble" in hint
 
 
 @pytest.mark.parametrize("name", ["Mapping", "torch", "_matrix"])
