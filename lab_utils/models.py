@@ -13,6 +13,7 @@ keyword arguments are plain values (numbers, strings, booleans, tuples).
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 import os
@@ -72,7 +73,19 @@ def _qualified(obj: object) -> str:
 
 def names() -> list[str]:
     """The registered architecture names, sorted."""
+    _import_plugins()
     return sorted(_REGISTRY)
+
+
+# Library modules that register models of their own (they import this one, so they
+# cannot be imported at its top): loaded when a name is not found, so that
+# ``load(checkpoint)`` rebuilds their models without an import by the caller.
+_PLUGINS = ("lab_utils.moe",)
+
+
+def _import_plugins() -> None:
+    for module in _PLUGINS:
+        importlib.import_module(module)
 
 
 def build(arch: str, **kwargs: Any) -> nn.Module:
@@ -81,6 +94,8 @@ def build(arch: str, **kwargs: Any) -> nn.Module:
     ``arch_spec["kwargs"]`` holds every argument including the defaults, so the
     checkpoint rebuilds the same model even if a default changes later.
     """
+    if arch not in _REGISTRY:
+        _import_plugins()
     if arch not in _REGISTRY:
         raise ValueError(f"unknown model {arch!r}; registered: {', '.join(names())}")
     factory = _REGISTRY[arch]
