@@ -104,6 +104,7 @@ def graded(slurm, tmp_path_factory) -> dict:
 
 @pytest.mark.launcher
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # 10 gradings: about 4 minutes on 2 idle cores, far more when shared
 def test_a_class_graded_on_slurm_gets_the_verdicts_of_the_one_machine_batch(graded) -> None:
     expected = {name: verdict for name, (_, verdict) in CLASS.items()}
     print(f"on Slurm {graded['slurm_s']:.0f} s, on one machine {graded['local_s']:.0f} s")
@@ -123,6 +124,7 @@ def test_a_class_graded_on_slurm_gets_the_verdicts_of_the_one_machine_batch(grad
 
 @pytest.mark.launcher
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # when it is the first to need the class graded
 def test_an_interrupted_batch_resumes_without_grading_or_submitting_twice(graded) -> None:
     first, second = graded["first"], graded["second"]
     assert re.search(r"submitted 5 job\(s\) as array \d+", first), first

@@ -112,6 +112,8 @@ def test_the_cluster_is_one_idle_node_that_runs_two_tasks(slurm) -> None:
     assert len(out) == 2 and set(out) == {slurm.node}
 
 
+@pytest.mark.launcher
+@pytest.mark.timeout(900)  # the first to need the 4 jobs waits for all
 def test_ddp_through_srun_torchrun(jobs) -> None:
     job = jobs["ddp_torchrun"]
     assert job["state"] == "COMPLETED", job["output"]
@@ -122,6 +124,8 @@ def test_ddp_through_srun_torchrun(jobs) -> None:
     assert s["val_acc"] > 2 * CHANCE, job["output"]
 
 
+@pytest.mark.launcher
+@pytest.mark.timeout(900)  # the first to need the 4 jobs waits for all
 def test_ddp_with_one_slurm_task_per_process(jobs) -> None:
     job = jobs["ddp_tasks"]
     assert job["state"] == "COMPLETED", job["output"]
@@ -134,6 +138,8 @@ def test_ddp_with_one_slurm_task_per_process(jobs) -> None:
     assert s["val_acc"] == summary(jobs["ddp_torchrun"]["output"])["val_acc"]
 
 
+@pytest.mark.launcher
+@pytest.mark.timeout(900)  # the first to need the 4 jobs waits for all
 def test_horovod_through_srun(jobs) -> None:
     job = jobs["horovod"]
     assert job["state"] == "COMPLETED", job["output"]
@@ -144,6 +150,8 @@ def test_horovod_through_srun(jobs) -> None:
     assert s["val_acc"] > 2 * CHANCE, job["output"]
 
 
+@pytest.mark.launcher
+@pytest.mark.timeout(900)  # the first to need the 4 jobs waits for all
 def test_hybrid_with_one_slurm_task_per_process(jobs) -> None:
     job = jobs["hybrid"]
     assert job["state"] == "COMPLETED", job["output"]
