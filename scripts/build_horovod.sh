@@ -135,7 +135,8 @@ build_wheel() {
     trap "rm -rf '$work'" EXIT
     mkdir -p "$LOG_DIR"
     log="$LOG_DIR/$BUILD_KEY.log"
-    jobs=${HOROVOD_BUILD_JOBS:-$(nproc 2>/dev/null || echo 2)}
+    # nproc --all: plain nproc honours OMP_NUM_THREADS, which `make test` sets to 1
+    jobs=${HOROVOD_BUILD_JOBS:-$(nproc --all 2>/dev/null || echo 2)}
 
     say "downloading the Horovod $HOROVOD_VERSION source distribution"
     "$PYTHON" -m pip download --quiet --no-binary :all: --no-deps --no-build-isolation \
