@@ -3,15 +3,16 @@ scripts' rule (N × the learning rate, warmed up, Lab 3) reach the accuracy of o
 after the same epochs (``checks.lab2.ACCURACY_MARGIN``: 1 point at N = 2 and 4, 2 at 8).
 
 The runs are the student's own command, ``torchrun --nproc-per-node N train_ddp.py`` with
-the profile's defaults, on real Fashion-MNIST. With square-root scaling (what the scripts
-used to do, capped at 0.05) the 8-process run falls short of the margin and this test
-fails: ``--lr-scaling sqrt`` shows it.
+the profile's defaults, on real Fashion-MNIST. The scripts used to take √N × the rate,
+capped at the one-process rate: no scaling at all. The last test runs that rule on 8
+processes and shows the check failing for it.
 """
 
 import pytest
 from conftest import REPO
 
 from lab_utils import data, launch
+from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab2 as checks
 
 SCRIPT = REPO / "labs" / "lab2_data_parallel" / "scripts" / "train_ddp.py"
@@ -34,14 +35,31 @@ def fashion_mnist():
         pytest.fail(f"Fashion-MNIST is needed for Lab 2's science claim: {e}")
 
 
+@pytest.fixture(scope="module")
+def one_process(fashion_mnist) -> dict:
+    return train(1)
+
+
 @pytest.mark.science
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_accuracy_does_not_fall_with_the_number_of_processes(fashion_mnist):
-    runs = {n: train(n) for n in PROCESSES}
+def test_accuracy_does_not_fall_with_the_number_of_processes(one_process):
+    runs = {1: one_process, **{n: train(n) for n in PROCESSES[1:]}}
     for n, s in runs.items():
         print(f"N={n}: global batch {s['global_batch']}, lr {s['lr']:.3g}, {s['steps']} steps, "
               f"val_acc {s['val_acc']:.2%}, {s['train_seconds']:.0f} s of training")
     assert [s["lr"] / runs[1]["lr"] for s in runs.values()] == pytest.approx(PROCESSES)
     checks.check_accuracy_holds({n: s["val_acc"] for n, s in runs.items()})
 
+
+@pytest.mark.science
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_the_claim_fails_without_scaling_the_rate(one_process):
+    """The old default capped the rate at the one-process rate: no scaling at all. Then
+    8 processes take 8 × fewer steps of the same size and fall outside the margin."""
+    unscaled = train(8, "--lr-scaling", "none")
+    print(f"N=8 without scaling: val_acc {unscaled['val_acc']:.2%} "
+          f"(1 process: {one_process['val_acc']:.2%})")
+    with pytest.raises(CheckFailed, match="8 processes"):
+        checks.check_accuracy_holds({1: one_process["val_acc"], 8: unscaled["val_acc"]})
