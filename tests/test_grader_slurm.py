@@ -61,6 +61,12 @@ def lab_grade(*args: str) -> list[str]:
     return [sys.executable, "-m", "assessment.grade", "batch", *args]
 
 
+def _ctrl_c_works() -> None:
+    """In the child: SIGINT as in a terminal, even where the tests run with it ignored (a
+    background job of a shell), which the child would inherit and so ignore Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def table(rows: list[dict]) -> dict[str, tuple[str, str]]:
     return {r["student"]: (r["status"], r["verdict"]) for r in rows}
 
@@ -81,7 +87,7 @@ def graded(slurm, tmp_path_factory) -> dict:
                     "--poll", "1")
     start = time.monotonic()
     first = subprocess.Popen(cmd, cwd=REPO, env=slurm.env(), text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
+                             stderr=subprocess.STDOUT, preexec_fn=_ctrl_c_works)
     lines = []
     for line in first.stdout:  # Ctrl-C once the first verdict is in
         lines.append(line)
