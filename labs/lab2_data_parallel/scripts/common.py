@@ -8,11 +8,13 @@ profile (``LABS_PROFILE=quick|cpu|gpu``).
 from __future__ import annotations
 
 import argparse
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from lab_utils import data, models, profile
+from lab_utils import data, metrics, models, profile
 
 # The rule every data-parallel script follows (Lab 3): N processes take N × the peak rate
 # of one (linear scaling), reached by a linear warm-up from the one-process rate over
@@ -67,6 +69,19 @@ def total_steps(args: argparse.Namespace, steps_per_epoch: int) -> int:
     """Optimiser steps of the whole run: the schedule anneals the rate to 0 at the last."""
     steps = args.epochs * steps_per_epoch
     return min(steps, args.max_steps) if args.max_steps else steps
+
+
+def look(evaluate: Callable[[torch.nn.Module, Any], torch.Tensor], model: torch.nn.Module,
+         loader: Any, step: int, seconds: float, reports: bool) -> float:
+    """Test accuracy after ``step`` steps and ``seconds`` of training, as a metrics event
+    (notebook 4 plots it against time); returns the seconds the evaluation took, which the
+    caller leaves out of its training time. ``evaluate`` is the script's own (summed over
+    ranks in the data-parallel scripts)."""
+    evaluated = time.perf_counter()
+    _, correct, n = evaluate(model, loader).tolist()
+    if reports:
+        metrics.emit({"event": "eval", "step": step, "seconds": seconds, "val_acc": correct / n})
+    return time.perf_counter() - evaluated
 
 
 def parse_args(p: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:

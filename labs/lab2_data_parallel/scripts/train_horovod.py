@@ -32,16 +32,6 @@ def evaluate(model: torch.nn.Module, loader: TensorLoader) -> torch.Tensor:
     return hvd.allreduce(sums, op=hvd.Sum, name="eval")  # [7] add up every rank's part
 
 
-def look(model: torch.nn.Module, loader: TensorLoader, step: int, seconds: float,
-         reports: bool) -> float:
-    """Test accuracy after ``step`` steps and ``seconds`` of training, as a metrics event
-    (04_scaling plots it against time); returns the seconds the evaluation took."""
-    evaluated = time.perf_counter()
-    _, correct, n = evaluate(model, loader).tolist()
-    if reports:
-        metrics.emit({"event": "eval", "step": step, "seconds": seconds, "val_acc": correct / n})
-    return time.perf_counter() - evaluated
-
 
 def main() -> None:
     p = common.parser(__doc__.splitlines()[0])
@@ -96,8 +86,8 @@ def main() -> None:
             if step == 1:
                 start = time.perf_counter()  # time from the second step: the first warms up
             if args.eval_every and step % args.eval_every == 0:  # accuracy against time
-                paused += look(model, test, step, time.perf_counter() - start - paused,
-                               hvd.rank() == 0)  # [6] one rank reports
+                trained = time.perf_counter() - start - paused
+                paused += common.look(evaluate, model, test, step, trained, hvd.rank() == 0)  # [6]
             if step == args.max_steps:
                 break
         seconds = time.perf_counter() - start - paused  # training time: evaluations left out
