@@ -26,12 +26,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+
+from . import daemons
 
 TAG_VAR = "LABS_SLURM_CLUSTER"  # in the environment of the daemons and of every job
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol",
@@ -148,7 +149,7 @@ class Cluster:
                 top = psutil.Process(p.pid)
                 for q in [top, *top.children(recursive=True)]:
                     found[q.pid] = q
-        return [p for p in found.values() if _alive(p)]
+        return [p for p in found.values() if daemons.alive(p)]
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Cancel the jobs, stop the daemons, kill what is left of the jobs."""
@@ -158,33 +159,22 @@ class Cluster:
                 ids = sorted(set(jobs.stdout.split()))
                 if ids:
                     self.run(["scancel", *ids], timeout=10, check=False)
-                    _wait_until(lambda: not self.run(["squeue", "-h", "-o", "%A"], timeout=10,
+                    daemons.wait_for(lambda: not self.run(["squeue", "-h", "-o", "%A"], timeout=10,
                                                      check=False).stdout.strip(), grace_s)
         for p in reversed(self.procs):  # slurmd, then slurmctld, then munged
-            _terminate([psutil.Process(p.pid)] if p.poll() is None else [], grace_s)
+            daemons.terminate([psutil.Process(p.pid)] if p.poll() is None else [], grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=grace_s)
         # Step daemons and job processes outlive slurmd by design: find them by the tag.
-        _terminate(_tagged(str(self.folder)), grace_s)
+        daemons.terminate(_tagged(str(self.folder)), grace_s)
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(p.pid, 9)
 
     def tail(self, lines: int = 20) -> str:
         """The end of each daemon's log, to say why something failed."""
-        out = []
-        for log in self.logs:
-            with contextlib.suppress(OSError):
-                text = log.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {log.name}\n" + "\n".join(text))
-        return "\n".join(out)
+        return daemons.tail_logs(self.logs, lines)
 
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _tagged(folder: str) -> list[psutil.Process]:
@@ -200,39 +190,15 @@ def _tagged(folder: str) -> list[psutil.Process]:
             continue
         if env.get(TAG_VAR) == folder or env.get("SLURM_CONF") == conf:
             found.append(p)
-    return [p for p in found if _alive(p)]
+    return [p for p in found if daemons.alive(p)]
 
 
-def _terminate(procs: list[psutil.Process], grace_s: float) -> None:
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, left = psutil.wait_procs(procs, timeout=grace_s)
-    for p in left:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(left, timeout=grace_s)
-
-
-def _wait_until(ready, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            if ready():
-                return True
-        time.sleep(0.3)
-    return False
 
 
 def _start(cluster: Cluster, name: str, args: Sequence[str], env: dict[str, str]) -> None:
     log = cluster.folder / f"{name}.out"
     cluster.logs.append(log)
-    with open(log, "wb") as f:
-        # A session of its own: Ctrl-C reaches this process, which stops the cluster in
-        # order, rather than the daemons half-way through a job.
-        proc = subprocess.Popen(list(args), stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    cluster.procs.append(proc)
+    cluster.procs.append(daemons.start_logged(args, log, env))
 
 
 def _check_running(cluster: Cluster, what: str) -> None:
@@ -243,14 +209,8 @@ def _check_running(cluster: Cluster, what: str) -> None:
 
 
 def _wait(cluster: Cluster, what: str, ready, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        _check_running(cluster, what)
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            if ready():
-                return
-        time.sleep(0.3)
-    raise SlurmClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
+    if not daemons.wait_for(ready, timeout, check=lambda: _check_running(cluster, what)):
+        raise SlurmClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
 
 
 def _munge_key(folder: Path) -> Path:

@@ -22,7 +22,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from . import daemons
 
 HOST = "127.0.0.1"
 
@@ -97,13 +98,13 @@ class Cluster:
             with contextlib.suppress(psutil.NoSuchProcess):
                 top = psutil.Process(p.pid)
                 found += [top, *top.children(recursive=True)]
-        return [p for p in found if _alive(p)]
+        return [p for p in found if daemons.alive(p)]
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop workers and master with everything below them; wait until all are gone."""
         for p in reversed(self.procs):  # workers first: the master then sees them leave
             with contextlib.suppress(psutil.NoSuchProcess):
-                _terminate_tree(psutil.Process(p.pid), grace_s)
+                daemons.terminate_tree(psutil.Process(p.pid), grace_s)
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=grace_s)
@@ -114,60 +115,27 @@ class Cluster:
 
     def tail(self, lines: int = 30) -> str:
         """The end of each JVM's log, to say why something failed."""
-        out = []
-        for log in self.logs:
-            with contextlib.suppress(OSError):
-                text = log.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"--- {log.name}\n" + "\n".join(text))
-        return "\n".join(out)
+        return daemons.tail_logs(self.logs, lines)
 
 
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def _terminate_tree(top: psutil.Process, grace_s: float) -> None:
-    try:
-        procs = [top, *top.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.terminate()
-    _, left = psutil.wait_procs(procs, timeout=grace_s)
-    for p in left:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    psutil.wait_procs(left, timeout=grace_s)
 
 
 def _start(cluster: Cluster, name: str, args: Sequence[str], env: dict[str, str]) -> None:
     log = cluster.work_dir / f"{name}.log"
     cluster.logs.append(log)
-    with open(log, "wb") as f:
-        # A session of its own: Ctrl-C in a notebook reaches our code, which stops the
-        # cluster in order, rather than killing the JVMs half-way through a job.
-        proc = subprocess.Popen([str(spark_home() / "bin" / "spark-class"), *args],
-                                stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-    cluster.procs.append(proc)
+    cluster.procs.append(daemons.start_logged(
+        [str(spark_home() / "bin" / "spark-class"), *args], log, env))
 
 
 def _wait(cluster: Cluster, what: str, ready: Any, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def check() -> None:
         for p in cluster.procs:
             if p.poll() is not None:
                 raise SparkClusterError(f"a Spark JVM exited with status {p.returncode} while "
                                         f"waiting for {what}:\n{cluster.tail()}")
-        with contextlib.suppress(OSError, ValueError):
-            if ready():
-                return
-        time.sleep(0.5)
-    raise SparkClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
+
+    if not daemons.wait_for(ready, timeout, check=check, poll_s=0.5):
+        raise SparkClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
 
 
 @contextlib.contextmanager

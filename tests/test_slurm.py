@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lab_utils import slurm_cluster
+from lab_utils import daemons, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 LAB2 = REPO / "labs" / "lab2_data_parallel"
@@ -198,7 +198,7 @@ def leftovers(folder: str) -> list[psutil.Process]:
         cmd = " ".join(p.info["cmdline"] or [])
         if folder in cmd or "sleep 3171" in cmd:
             found.append(p)
-    return [p for p in found if p.pid != os.getpid() and slurm_cluster._alive(p)]  # noqa: SLF001
+    return [p for p in found if p.pid != os.getpid() and daemons.alive(p)]
 
 
 @pytest.mark.parametrize("how", ["error", "interrupt"])
