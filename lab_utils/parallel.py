@@ -81,6 +81,15 @@ def require(ok: bool, message: str) -> None:
     sys.exit(2)
 
 
+def require_batch_split(batch_size: int) -> int:
+    """:func:`require` that the global batch splits evenly over the job's processes;
+    returns their number."""
+    n = dist.detect().world_size
+    require(batch_size % n == 0, f"the global batch {batch_size} cannot be split over {n} "
+            f"processes: use a --batch-size divisible by {n}")
+    return n
+
+
 def _wait_for_the_other_workers(timeout: float = 30.0) -> None:
     """Return once no other child of this process's parent (torchrun's agent on this
     machine) is running, or after ``timeout`` seconds."""

@@ -76,8 +76,7 @@ def main() -> None:
     n = dist.detect().world_size
     parallel.require(args.experts % n == 0, f"--experts {args.experts} cannot be spread over {n} "
                      f"processes: use a multiple of {n} experts, or a process count that divides {args.experts}")
-    parallel.require(args.batch_size % n == 0, f"--batch-size {args.batch_size} cannot be split "
-                     f"over {n} processes: use a multiple of {n}")
+    parallel.require_batch_split(args.batch_size)
     info = dist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)

@@ -131,9 +131,7 @@ def load(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
 
 def main() -> None:
     args = parse_args()
-    n = dist.detect().world_size
-    parallel.require(args.batch_size % n == 0, f"the global batch {args.batch_size} cannot be split "
-                     f"over {n} processes: use a --batch-size divisible by {n}")
+    n = parallel.require_batch_split(args.batch_size)
     info = dist.init(group_if_alone=True)
     (save if args.save else load)(args, info.rank, n, info.device)
     dist.shutdown()

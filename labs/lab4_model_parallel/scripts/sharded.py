@@ -61,9 +61,7 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def main() -> None:
     args = parse_args()
-    n = dist.detect().world_size
-    parallel.require(args.batch_size % n == 0, f"the global batch {args.batch_size} cannot be "
-                     f"split over {n} processes: use a --batch-size divisible by {n}")
+    n = parallel.require_batch_split(args.batch_size)
     info = dist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
