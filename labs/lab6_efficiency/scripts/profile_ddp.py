@@ -78,9 +78,7 @@ def profiled_run(args: argparse.Namespace, cap: float, device: torch.device,
 
 def main() -> None:
     args = parse_args()
-    n = dist.detect().world_size
-    parallel.require(args.batch_size % n == 0, f"the global batch {args.batch_size} cannot be "
-                     f"split over {n} processes: use a --batch-size divisible by {n}")
+    n = parallel.require_batch_split(args.batch_size)
     info = dist.init(group_if_alone=True)
     out = Path(args.out) if args.out else paths.runs_dir("lab6") / "traces"
     out.mkdir(parents=True, exist_ok=True)
