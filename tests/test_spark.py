@@ -6,6 +6,7 @@ ranks) inherits a marker in its environment; after the run none may be left.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -45,6 +46,14 @@ MISSING = _missing()
 if MISSING and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI must run the Spark tests: {MISSING}")
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+
+def command_line(p: psutil.Process) -> str:
+    """``p``'s command line, or "" once it has ended (it may turn zombie at any moment)."""
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
 
 
 def marked(marker: str) -> list[psutil.Process]:
@@ -138,8 +147,7 @@ def test_interrupt_stops_the_cluster(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
-        while not any("CoarseGrainedExecutorBackend" in " ".join(p.cmdline())
-                      for p in marked(marker) if p.is_running()):
+        while not any("CoarseGrainedExecutorBackend" in command_line(p) for p in marked(marker)):
             assert proc.poll() is None, "the script ended before its executors started"
             assert time.monotonic() < deadline, "no Spark executor started"
             time.sleep(0.5)
@@ -148,6 +156,9 @@ def test_interrupt_stops_the_cluster(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+            for p in marked(marker):  # a failed wait: the JVMs the killed script left
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
     assert wait_none_left(marker) == []
 
 
