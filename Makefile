@@ -48,7 +48,7 @@ help:
 	@echo "make grade      grade an assessment submission: make grade SUBMISSION=path/to/train.py"
 	@echo "make bench      run the performance harness (ARGS='...' passed to python -m benchmarks)"
 	@echo "make science    run the Lab 1 and Lab 3 experiments behind their claims (make test asserts them too)"
-	@echo "make lint       ruff check"
+	@echo "make lint       ruff check and ruff format --check (what CI and pre-commit run)"
 	@echo "make clean      remove caches and build outputs; make distclean also removes .venv and runs/"
 
 setup:
@@ -92,6 +92,7 @@ science: setup
 lint:
 	@test -x $(VENV)/bin/ruff || LABS_SKIP_HOROVOD=1 bash scripts/setup.sh
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -prune -exec rm -rf {} +

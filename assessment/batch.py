@@ -33,8 +33,19 @@ from . import jail
 from . import targets as targets_mod
 from .report import EXIT_ERROR, EXIT_PASS
 
-COLUMNS = ("student", "status", "verdict", "exit_code", "accuracy", "seconds", "warnings",
-           "message", "submission", "sha256", "graded_at")
+COLUMNS = (
+    "student",
+    "status",
+    "verdict",
+    "exit_code",
+    "accuracy",
+    "seconds",
+    "warnings",
+    "message",
+    "submission",
+    "sha256",
+    "graded_at",
+)
 
 
 def students(folder: Path, entry: str = "train.py") -> list[tuple[str, Path]]:
@@ -80,14 +91,18 @@ def summary(rows: list[dict[str, Any]], target: str) -> str:
     by_status = Counter(r["status"] for r in rows)
     by_reason = Counter(r["verdict"] for r in rows)
     accs = [r["accuracy"] for r in rows if r["accuracy"] is not None]
-    lines = [f"{len(rows)} submissions graded against {target}: "
-             + ", ".join(f"{by_status[s]} {s}" for s in ("pass", "fail", "broken", "error")),
-             "verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items()))]
+    lines = [
+        f"{len(rows)} submissions graded against {target}: "
+        + ", ".join(f"{by_status[s]} {s}" for s in ("pass", "fail", "broken", "error")),
+        "verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(by_reason.items())),
+    ]
     if accs:
-        lines.append(f"measured accuracy: median {sorted(accs)[len(accs) // 2]:.2%}, "
-                     f"best {max(accs):.2%}")
-    flagged = [r["student"] for r in rows
-               if any(not w.startswith("target ") for w in r["warnings"] or [])]
+        lines.append(
+            f"measured accuracy: median {sorted(accs)[len(accs) // 2]:.2%}, best {max(accs):.2%}"
+        )
+    flagged = [
+        r["student"] for r in rows if any(not w.startswith("target ") for w in r["warnings"] or [])
+    ]
     if flagged:
         lines.append(f"with warnings (read their code): {', '.join(flagged)}")
     unsafe = [r["student"] for r in rows if r.get("unsafe")]
@@ -96,9 +111,18 @@ def summary(rows: list[dict[str, Any]], target: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_batch(folder: Path, target: targets_mod.Target, out: Path, *, launcher: str | None = None,
-              nprocs: int | None = None, entry: str = "train.py", unsafe: bool = False,
-              regrade: bool = False, echo: bool = True) -> list[dict[str, Any]]:
+def run_batch(
+    folder: Path,
+    target: targets_mod.Target,
+    out: Path,
+    *,
+    launcher: str | None = None,
+    nprocs: int | None = None,
+    entry: str = "train.py",
+    unsafe: bool = False,
+    regrade: bool = False,
+    echo: bool = True,
+) -> list[dict[str, Any]]:
     """Grade every submission in ``folder`` (see the module docstring); the rows."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "reports").mkdir(exist_ok=True)
@@ -116,8 +140,19 @@ def run_batch(folder: Path, target: targets_mod.Target, out: Path, *, launcher: 
     shared = Path(tempfile.mkdtemp(prefix="lab-grade-data-"))
     try:
         data_dir = None if unsafe else jail.training_copy(target.dataset, shared)
-        _grade_all(todo, done, rows, target, out, say, launcher=launcher, nprocs=nprocs,
-                   entry=entry, unsafe=unsafe, data_dir=data_dir)
+        _grade_all(
+            todo,
+            done,
+            rows,
+            target,
+            out,
+            say,
+            launcher=launcher,
+            nprocs=nprocs,
+            entry=entry,
+            unsafe=unsafe,
+            data_dir=data_dir,
+        )
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     _save(out, rows, target.name)
@@ -126,17 +161,29 @@ def run_batch(folder: Path, target: targets_mod.Target, out: Path, *, launcher: 
     return ordered
 
 
-def _grade_all(todo: list[tuple[str, Path]], done: dict[str, dict[str, Any]],
-               rows: dict[str, dict[str, Any]], target: targets_mod.Target, out: Path,
-               say: Any, **kw: Any) -> None:
+def _grade_all(
+    todo: list[tuple[str, Path]],
+    done: dict[str, dict[str, Any]],
+    rows: dict[str, dict[str, Any]],
+    target: targets_mod.Target,
+    out: Path,
+    say: Any,
+    **kw: Any,
+) -> None:
     for i, (name, path) in enumerate(todo, 1):
         digest = fingerprint(path)
         old = done.get(name)
-        if old and old.get("sha256") == digest and old.get("target") == target.name \
-                and old.get("status") != "error":
+        if (
+            old
+            and old.get("sha256") == digest
+            and old.get("target") == target.name
+            and old.get("status") != "error"
+        ):
             rows[name] = old
-            say(f"[{i}/{len(todo)}] {name}: already graded ({old['status']}: {old['verdict']})",
-                flush=True)
+            say(
+                f"[{i}/{len(todo)}] {name}: already graded ({old['status']}: {old['verdict']})",
+                flush=True,
+            )
             continue
         say(f"[{i}/{len(todo)}] {name}: grading ...", flush=True)
         report = grade_mod.grade(path, target, echo=False, **kw)
@@ -144,32 +191,44 @@ def _grade_all(todo: list[tuple[str, Path]], done: dict[str, dict[str, Any]],
         rows[name] = row_of(name, path, digest, target.name, report)
         acc = "" if report.accuracy is None else f" {report.accuracy:.2%}"
         secs = "" if report.elapsed_s is None else f" in {report.elapsed_s:.1f} s"
-        say(f"[{i}/{len(todo)}] {name}: {report.status.upper()} {report.reason}{acc}{secs}",
-            flush=True)
+        say(
+            f"[{i}/{len(todo)}] {name}: {report.status.upper()} {report.reason}{acc}{secs}",
+            flush=True,
+        )
         _save(out, rows, target.name)
 
 
 def row_of(name: str, path: Path, digest: str, target: str, report: Any) -> dict[str, Any]:
     """One student's row of the results table, from their grading report."""
-    return {"student": name, "status": report.status, "verdict": report.reason,
-            "exit_code": report.exit_code, "accuracy": report.accuracy,
-            "seconds": report.elapsed_s, "warnings": report.warnings,
-            "message": report.message, "submission": str(path), "sha256": digest,
-            "target": target, "unsafe": report.unsafe,
-            "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "student": name,
+        "status": report.status,
+        "verdict": report.reason,
+        "exit_code": report.exit_code,
+        "accuracy": report.accuracy,
+        "seconds": report.elapsed_s,
+        "warnings": report.warnings,
+        "message": report.message,
+        "submission": str(path),
+        "sha256": digest,
+        "target": target,
+        "unsafe": report.unsafe,
+        "graded_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def _save(out: Path, rows: dict[str, dict[str, Any]], target: str) -> None:
     ordered = [rows[k] for k in sorted(rows)]
-    _atomic_write(out / "results.json",
-                  json.dumps({"target": target, "rows": ordered}, indent=2) + "\n")
+    _atomic_write(
+        out / "results.json", json.dumps({"target": target, "rows": ordered}, indent=2) + "\n"
+    )
     _atomic_write(out / "results.csv", _csv(ordered))
     _atomic_write(out / "summary.txt", summary(ordered, target))
 
 
 def main(argv: list[str] | None = None) -> int:
     # Usage errors exit with the grader-error code, as lab-grade's do.
-    p = grade_mod._Parser(prog="lab-grade batch", description=__doc__.split("\n\n")[0])  # noqa: SLF001
+    p = grade_mod._Parser(prog="lab-grade batch", description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="one submission per student: NAME.py or NAME/ with --entry")
     p.add_argument("--target", default=None, help="target name or .toml (default: by hardware)")
     p.add_argument("--launcher", choices=targets_mod.LAUNCHERS, default=None)
@@ -177,17 +236,32 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--entry", default="train.py", help="entry script of folder submissions")
     p.add_argument("--out", default=None, help="results folder (default: FOLDER-grades)")
     p.add_argument("--regrade", action="store_true", help="grade everyone again")
-    p.add_argument("--unsafe-no-sandbox", dest="unsafe", action="store_true",
-                   help="grade without the sandbox where none can be made (see lab-grade --help)")
-    p.add_argument("--slurm", action="store_true",
-                   help="one Slurm job per submission (a job array); see assessment/slurm.py")
+    p.add_argument(
+        "--unsafe-no-sandbox",
+        dest="unsafe",
+        action="store_true",
+        help="grade without the sandbox where none can be made (see lab-grade --help)",
+    )
+    p.add_argument(
+        "--slurm",
+        action="store_true",
+        help="one Slurm job per submission (a job array); see assessment/slurm.py",
+    )
     p.add_argument("--partition", default=None, help="with --slurm: sbatch --partition")
     p.add_argument("--gres", default=None, help="with --slurm: sbatch --gres, e.g. gpu:4")
-    p.add_argument("--time", dest="time_limit", default=None,
-                   help="with --slurm: each job's time limit (default: 2 x (budget + grace) "
-                        "+ 10 min)")
-    p.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[],
-                   help="with --slurm: one more sbatch option (repeat it), e.g. --account=X")
+    p.add_argument(
+        "--time",
+        dest="time_limit",
+        default=None,
+        help="with --slurm: each job's time limit (default: 2 x (budget + grace) + 10 min)",
+    )
+    p.add_argument(
+        "--sbatch-arg",
+        dest="sbatch_args",
+        action="append",
+        default=[],
+        help="with --slurm: one more sbatch option (repeat it), e.g. --account=X",
+    )
     p.add_argument("--poll", type=float, default=5.0, help="with --slurm: seconds between polls")
     args = p.parse_args(argv)
     folder = Path(args.folder)
@@ -203,9 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             jail.check()
         except jail.JailError as e:
-            print(f"lab-grade batch: no sandbox can be made, so nothing was run: {e}. To grade "
-                  "anyway, knowing that submissions can then read the test split and change "
-                  "your files, pass --unsafe-no-sandbox.", file=sys.stderr)
+            print(
+                f"lab-grade batch: no sandbox can be made, so nothing was run: {e}. To grade "
+                "anyway, knowing that submissions can then read the test split and change "
+                "your files, pass --unsafe-no-sandbox.",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
     out = Path(args.out) if args.out else folder.with_name(folder.name.rstrip("/") + "-grades")
     if args.slurm:
@@ -213,23 +290,42 @@ def main(argv: list[str] | None = None) -> int:
         if rows is None:
             return EXIT_ERROR
     else:
-        rows = run_batch(folder, target, out, launcher=args.launcher, nprocs=args.nprocs,
-                         entry=args.entry, unsafe=args.unsafe, regrade=args.regrade)
+        rows = run_batch(
+            folder,
+            target,
+            out,
+            launcher=args.launcher,
+            nprocs=args.nprocs,
+            entry=args.entry,
+            unsafe=args.unsafe,
+            regrade=args.regrade,
+        )
     print(f"results: {out / 'results.csv'}, {out / 'results.json'}, {out / 'summary.txt'}")
     return EXIT_ERROR if any(r["status"] == "error" for r in rows) else EXIT_PASS
 
 
-def _on_slurm(folder: Path, target: targets_mod.Target, out: Path,
-              args: Any) -> list[dict[str, Any]] | None:
+def _on_slurm(
+    folder: Path, target: targets_mod.Target, out: Path, args: Any
+) -> list[dict[str, Any]] | None:
     """The batch as a Slurm job array (assessment/slurm.py); None where Slurm failed."""
     from . import slurm
 
     try:
         return slurm.run_slurm_batch(
-            folder, target, out, launcher=args.launcher, nprocs=args.nprocs, entry=args.entry,
-            unsafe=args.unsafe, regrade=args.regrade, partition=args.partition,
-            gres=args.gres, time_limit=args.time_limit, extra=args.sbatch_args,
-            poll_s=args.poll)
+            folder,
+            target,
+            out,
+            launcher=args.launcher,
+            nprocs=args.nprocs,
+            entry=args.entry,
+            unsafe=args.unsafe,
+            regrade=args.regrade,
+            partition=args.partition,
+            gres=args.gres,
+            time_limit=args.time_limit,
+            extra=args.sbatch_args,
+            poll_s=args.poll,
+        )
     except slurm.SlurmError as e:
         print(f"lab-grade batch --slurm: {e}", file=sys.stderr)
         return None

@@ -39,9 +39,11 @@ from .report import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, Report
 from .targets import Target
 
 HERE = Path(__file__).resolve().parent
-SOLUTIONS = {"torchrun": HERE / "solutions" / "reference_ddp.py",
-             "mpirun": HERE / "solutions" / "reference_ddp.py",
-             "horovodrun": HERE / "solutions" / "reference_horovod.py"}
+SOLUTIONS = {
+    "torchrun": HERE / "solutions" / "reference_ddp.py",
+    "mpirun": HERE / "solutions" / "reference_ddp.py",
+    "horovodrun": HERE / "solutions" / "reference_horovod.py",
+}
 STARTER = HERE / "starter.py"
 
 
@@ -73,8 +75,12 @@ class Proposal:
         return None if self.starter_s is None else self.starter_s / self.budget_s
 
 
-def propose(runs: list[dict[str, float]], acc_margin: float = 0.005,
-            time_margin: float = 1.25, starter_s: float | None = None) -> Proposal:
+def propose(
+    runs: list[dict[str, float]],
+    acc_margin: float = 0.005,
+    time_margin: float = 1.25,
+    starter_s: float | None = None,
+) -> Proposal:
     """Accuracy just below the worst reference run; a budget between the slowest
     reference run and the starter (or ``time_margin`` above the slowest run)."""
     if not runs:
@@ -88,30 +94,56 @@ def propose(runs: list[dict[str, float]], acc_margin: float = 0.005,
         raise ValueError(f"the reference reaches only {worst:.2%}: nothing to calibrate against")
     if starter_s is not None:
         if starter_s <= slowest:
-            raise ValueError(f"the starter ({starter_s:.1f} s) is not slower than the slowest "
-                             f"reference run ({slowest:.1f} s): no budget separates them")
+            raise ValueError(
+                f"the starter ({starter_s:.1f} s) is not slower than the slowest "
+                f"reference run ({slowest:.1f} s): no budget separates them"
+            )
         budget = max(5, round(math.sqrt(slowest * starter_s) / 5) * 5)
     else:
         budget = math.ceil(slowest * time_margin / 5) * 5
-    return Proposal(accuracy=round(accuracy, 3), budget_s=float(budget), runs=runs,
-                    starter_s=starter_s)
+    return Proposal(
+        accuracy=round(accuracy, 3), budget_s=float(budget), runs=runs, starter_s=starter_s
+    )
 
 
-def measure(solution: Path, base: Target, *, runs: int, launcher: str, nprocs: int,
-            timeout_s: float, echo: bool, serial: bool = False) -> list[Report]:
+def measure(
+    solution: Path,
+    base: Target,
+    *,
+    runs: int,
+    launcher: str,
+    nprocs: int,
+    timeout_s: float,
+    echo: bool,
+    serial: bool = False,
+) -> list[Report]:
     """Grade ``solution`` ``runs`` times with only a generous time limit (and, for a
     ``serial`` script such as the starter, no verdict on data parallelism)."""
-    loose = dataclasses.replace(base, budget_s=timeout_s, grace_s=0.0, accuracy=1e-6,
-                                data_parallel="warn" if serial else base.data_parallel)
+    loose = dataclasses.replace(
+        base,
+        budget_s=timeout_s,
+        grace_s=0.0,
+        accuracy=1e-6,
+        data_parallel="warn" if serial else base.data_parallel,
+    )
     reports = []
     for i in range(runs):
-        print(f"calibrate: run {i + 1}/{runs} of {solution.name} under {launcher} "
-              f"with {nprocs} processes ...", flush=True)
+        print(
+            f"calibrate: run {i + 1}/{runs} of {solution.name} under {launcher} "
+            f"with {nprocs} processes ...",
+            flush=True,
+        )
         r = grade_mod.grade(solution, loose, launcher=launcher, nprocs=nprocs, echo=echo)
-        status = (f"{r.elapsed_s:.1f} s, accuracy {r.accuracy:.2%}" if r.passed
-                  else f"{r.status}: {r.reason}: {r.message}")
-        print(f"calibrate:   {status} (CPU {r.environment.get('cpu_s', '?')} s, load "
-              f"{r.environment.get('load_before', '?')})", flush=True)
+        status = (
+            f"{r.elapsed_s:.1f} s, accuracy {r.accuracy:.2%}"
+            if r.passed
+            else f"{r.status}: {r.reason}: {r.message}"
+        )
+        print(
+            f"calibrate:   {status} (CPU {r.environment.get('cpu_s', '?')} s, load "
+            f"{r.environment.get('load_before', '?')})",
+            flush=True,
+        )
         reports.append(r)
     return reports
 
@@ -134,20 +166,36 @@ def target_toml(base: Target, p: Proposal, launcher: str, nprocs: int) -> str:
     """The proposed target as the text of a TOML file."""
     today = dt.date.today().isoformat()
     fields = {
-        "name": base.name, "description": base.description, "status": "calibrated",
-        "dataset": base.dataset, "accuracy": p.accuracy, "budget_s": p.budget_s,
-        "grace_s": base.grace_s, "processes": nprocs, "threads_per_proc": base.threads_per_proc or 0,
-        "launcher": launcher, "profile": base.profile, "archs": list(base.archs),
-        "max_checkpoint_mb": base.max_checkpoint_mb, "data_parallel": base.data_parallel,
+        "name": base.name,
+        "description": base.description,
+        "status": "calibrated",
+        "dataset": base.dataset,
+        "accuracy": p.accuracy,
+        "budget_s": p.budget_s,
+        "grace_s": base.grace_s,
+        "processes": nprocs,
+        "threads_per_proc": base.threads_per_proc or 0,
+        "launcher": launcher,
+        "profile": base.profile,
+        "archs": list(base.archs),
+        "max_checkpoint_mb": base.max_checkpoint_mb,
+        "data_parallel": base.data_parallel,
     }
     if base.test_samples is not None:
         fields["test_samples"] = base.test_samples
-    lines = [f"# Calibrated {today} on {platform.node()} ({os.cpu_count()} CPUs, torch "
-             f"{torch.__version__}) by `lab-grade calibrate`."]
+    lines = [
+        f"# Calibrated {today} on {platform.node()} ({os.cpu_count()} CPUs, torch "
+        f"{torch.__version__}) by `lab-grade calibrate`."
+    ]
     lines += [f"{k} = {_toml(v)}" for k, v in fields.items()]
-    lines += ["", "[calibration]", f"date = {_toml(today)}",
-              f"reference_runs = {_toml([{k: round(v, 4) for k, v in r.items()} for r in p.runs])}",
-              f"worst_accuracy = {p.worst_accuracy:.4f}", f"slowest_s = {p.slowest_s:.1f}"]
+    lines += [
+        "",
+        "[calibration]",
+        f"date = {_toml(today)}",
+        f"reference_runs = {_toml([{k: round(v, 4) for k, v in r.items()} for r in p.runs])}",
+        f"worst_accuracy = {p.worst_accuracy:.4f}",
+        f"slowest_s = {p.slowest_s:.1f}",
+    ]
     if p.starter_s is not None:
         lines.append(f"starter_s = {p.starter_s:.1f}")
     return "\n".join(lines) + "\n"
@@ -155,23 +203,45 @@ def target_toml(base: Target, p: Proposal, launcher: str, nprocs: int) -> str:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lab-grade calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", "--profile", dest="target", default=None,
-                   help="target to start from: name or .toml path (default: by hardware)")
-    p.add_argument("--solution", default=None,
-                   help="reference solution (default: reference_horovod.py for horovodrun, "
-                        "reference_ddp.py otherwise)")
+    p.add_argument(
+        "--target",
+        "--profile",
+        dest="target",
+        default=None,
+        help="target to start from: name or .toml path (default: by hardware)",
+    )
+    p.add_argument(
+        "--solution",
+        default=None,
+        help="reference solution (default: reference_horovod.py for horovodrun, "
+        "reference_ddp.py otherwise)",
+    )
     p.add_argument("--launcher", choices=targets_mod.LAUNCHERS, default=None)
     p.add_argument("--nprocs", "-n", type=int, default=None)
     p.add_argument("--runs", type=int, default=3, help="reference runs (default 3)")
-    p.add_argument("--acc-margin", type=float, default=0.005,
-                   help="accuracy below the worst reference run (default 0.005)")
-    p.add_argument("--time-margin", type=float, default=1.25,
-                   help="without --starter: budget as a multiple of the slowest run "
-                        "(default 1.25)")
-    p.add_argument("--timeout", type=float, default=900,
-                   help="seconds before a reference run is stopped (default 900)")
-    p.add_argument("--starter", action="store_true",
-                   help="also time the serial starter and put the budget between the two")
+    p.add_argument(
+        "--acc-margin",
+        type=float,
+        default=0.005,
+        help="accuracy below the worst reference run (default 0.005)",
+    )
+    p.add_argument(
+        "--time-margin",
+        type=float,
+        default=1.25,
+        help="without --starter: budget as a multiple of the slowest run (default 1.25)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900,
+        help="seconds before a reference run is stopped (default 900)",
+    )
+    p.add_argument(
+        "--starter",
+        action="store_true",
+        help="also time the serial starter and put the budget between the two",
+    )
     p.add_argument("--write", metavar="PATH", default=None, help="write the proposed target here")
     p.add_argument("--quiet", "-q", action="store_true", help="do not stream the jobs' output")
     return p
@@ -190,23 +260,47 @@ def main(argv: list[str] | None = None) -> int:
     launcher = args.launcher or base.launcher
     nprocs = args.nprocs or base.processes
     solution = Path(args.solution) if args.solution else SOLUTIONS[launcher]
-    reports = measure(solution, base, runs=args.runs, launcher=launcher, nprocs=nprocs,
-                      timeout_s=args.timeout, echo=not args.quiet)
+    reports = measure(
+        solution,
+        base,
+        runs=args.runs,
+        launcher=launcher,
+        nprocs=nprocs,
+        timeout_s=args.timeout,
+        echo=not args.quiet,
+    )
     good = [r for r in reports if r.passed]
     for r in reports:
         if not r.passed:
             print(r.text(), file=sys.stderr)
     if len(good) < len(reports):
-        print(f"calibrate: {len(reports) - len(good)} of {len(reports)} reference runs failed; "
-              "fix them before trusting a target", file=sys.stderr)
+        print(
+            f"calibrate: {len(reports) - len(good)} of {len(reports)} reference runs failed; "
+            "fix them before trusting a target",
+            file=sys.stderr,
+        )
         return EXIT_FAIL
-    runs = [{"elapsed_s": float(r.elapsed_s or 0), "accuracy": float(r.accuracy or 0),
-             "cpu_s": float(r.environment.get("cpu_s", 0))} for r in good]
+    runs = [
+        {
+            "elapsed_s": float(r.elapsed_s or 0),
+            "accuracy": float(r.accuracy or 0),
+            "cpu_s": float(r.environment.get("cpu_s", 0)),
+        }
+        for r in good
+    ]
     starter_s = None
     if args.starter:
         print("calibrate: timing the serial starter ...", flush=True)
-        starter = measure(STARTER, base, runs=1, launcher=launcher, nprocs=nprocs,
-                          timeout_s=args.timeout, echo=not args.quiet, serial=True)[0]
+        starter = measure(
+            STARTER,
+            base,
+            runs=1,
+            launcher=launcher,
+            nprocs=nprocs,
+            timeout_s=args.timeout,
+            echo=not args.quiet,
+            serial=True,
+        )[0]
         if not starter.passed:
             print(starter.text(), file=sys.stderr)
             return EXIT_FAIL
@@ -217,24 +311,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"calibrate: {e}", file=sys.stderr)
         return EXIT_ERROR
     loads = [r.environment.get("load_before", 0) for r in good]
-    print(f"\nreference: accuracy {min(r['accuracy'] for r in runs):.2%} .. "
-          f"{max(r['accuracy'] for r in runs):.2%}, time {min(r['elapsed_s'] for r in runs):.1f}"
-          f" .. {proposal.slowest_s:.1f} s over {len(runs)} runs")
+    print(
+        f"\nreference: accuracy {min(r['accuracy'] for r in runs):.2%} .. "
+        f"{max(r['accuracy'] for r in runs):.2%}, time {min(r['elapsed_s'] for r in runs):.1f}"
+        f" .. {proposal.slowest_s:.1f} s over {len(runs)} runs"
+    )
     if starter_s is not None:
         print(f"starter:   {starter_s:.1f} s")
-    print(f"proposed:  accuracy >= {proposal.accuracy:.2%} within {proposal.budget_s:g} s "
-          f"(+ {base.grace_s:g} s grace) on {nprocs} processes; the slowest reference run "
-          f"has {proposal.reference_room:.2f}x room" + (
-              "" if proposal.starter_room is None
-              else f", the starter is {proposal.starter_room:.2f}x over"))
+    print(
+        f"proposed:  accuracy >= {proposal.accuracy:.2%} within {proposal.budget_s:g} s "
+        f"(+ {base.grace_s:g} s grace) on {nprocs} processes; the slowest reference run "
+        f"has {proposal.reference_room:.2f}x room"
+        + (
+            ""
+            if proposal.starter_room is None
+            else f", the starter is {proposal.starter_room:.2f}x over"
+        )
+    )
     code = EXIT_PASS
     if min(proposal.reference_room, proposal.starter_room or 2.0) < 1.1:
-        print("warning: less than 10 % of room on one side: the verdicts will depend on "
-              "noise; give the references more work (epochs) or the machine less")
+        print(
+            "warning: less than 10 % of room on one side: the verdicts will depend on "
+            "noise; give the references more work (epochs) or the machine less"
+        )
         code = EXIT_FAIL
     if max(loads, default=0) > (os.cpu_count() or 1):
-        print(f"warning: the load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
-              "during calibration: other work was running, the times are pessimistic")
+        print(
+            f"warning: the load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
+            "during calibration: other work was running, the times are pessimistic"
+        )
     text = target_toml(base, proposal, launcher, nprocs)
     print("\n" + text)
     if args.write:

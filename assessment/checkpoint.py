@@ -61,21 +61,25 @@ def locate(workdir: Path) -> Path:
         stray = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*.pt"))[:5]
         hint = f" (found {', '.join(stray)} instead)" if stray else ""
         raise CheckpointRejected(
-            "no_checkpoint", f"the job exited cleanly but wrote no {CHECKPOINT_NAME} in its "
+            "no_checkpoint",
+            f"the job exited cleanly but wrote no {CHECKPOINT_NAME} in its "
             f"working directory{hint}. Rank 0 must save the final model there, e.g. "
-            f"lab_utils.models.save('{CHECKPOINT_NAME}', model).") from None
+            f"lab_utils.models.save('{CHECKPOINT_NAME}', model).",
+        ) from None
     if stat.S_ISLNK(st.st_mode):
         target = os.readlink(path)
         raise CheckpointRejected(
-            "checkpoint_outside", f"{CHECKPOINT_NAME} is a symbolic link to {target}. The "
-            "checkpoint must be a regular file written inside the working directory.")
+            "checkpoint_outside",
+            f"{CHECKPOINT_NAME} is a symbolic link to {target}. The "
+            "checkpoint must be a regular file written inside the working directory.",
+        )
     if not stat.S_ISREG(st.st_mode):
-        raise CheckpointRejected("checkpoint_outside",
-                                 f"{CHECKPOINT_NAME} is not a regular file")
+        raise CheckpointRejected("checkpoint_outside", f"{CHECKPOINT_NAME} is not a regular file")
     real = path.resolve()
     if real.parent != workdir.resolve():
-        raise CheckpointRejected("checkpoint_outside",
-                                 f"{CHECKPOINT_NAME} resolves to {real}, outside {workdir}")
+        raise CheckpointRejected(
+            "checkpoint_outside", f"{CHECKPOINT_NAME} resolves to {real}, outside {workdir}"
+        )
     return path
 
 
@@ -83,46 +87,63 @@ def read(path: Path, max_mb: float) -> dict[str, Any]:
     """``torch.load(weights_only=True)`` of ``path``, checked for the contract's keys."""
     size_mb = path.stat().st_size / 2**20
     if size_mb > max_mb:
-        raise CheckpointRejected("bad_checkpoint", f"{path.name} is {size_mb:.0f} MB; the "
-                                 f"target allows at most {max_mb:g} MB")
+        raise CheckpointRejected(
+            "bad_checkpoint",
+            f"{path.name} is {size_mb:.0f} MB; the target allows at most {max_mb:g} MB",
+        )
     # O_NOFOLLOW: a link swapped in after locate() is refused, not followed.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
         with os.fdopen(fd, "rb") as f:
             if not zipfile.is_zipfile(f):
-                raise CheckpointRejected("unreadable_checkpoint", f"{path.name} is not a file "
-                                         "written by torch.save (not a zip archive)")
+                raise CheckpointRejected(
+                    "unreadable_checkpoint",
+                    f"{path.name} is not a file written by torch.save (not a zip archive)",
+                )
             f.seek(0)
             obj = torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointRejected:
         raise
     except pickle.UnpicklingError as e:
         raise CheckpointRejected(
-            "unsafe_checkpoint", f"{path.name} is not plain tensors and containers: "
+            "unsafe_checkpoint",
+            f"{path.name} is not plain tensors and containers: "
             f"torch.load(weights_only=True) refused it ({_why_refused(e)}). Save "
             "{'arch', 'kwargs', 'state_dict': model.state_dict()}, not the model object "
-            "or other Python objects.") from None
+            "or other Python objects.",
+        ) from None
     except Exception as e:  # truncated zip, not a torch file, ...
-        raise CheckpointRejected("unreadable_checkpoint",
-                                 f"{path.name} cannot be read by torch.load: "
-                                 f"{type(e).__name__}: {e}") from None
+        raise CheckpointRejected(
+            "unreadable_checkpoint",
+            f"{path.name} cannot be read by torch.load: {type(e).__name__}: {e}",
+        ) from None
     if not isinstance(obj, dict):
-        raise CheckpointRejected("bad_checkpoint", f"{path.name} holds a {type(obj).__name__}, "
-                                 "not a dict {arch, kwargs, state_dict}")
+        raise CheckpointRejected(
+            "bad_checkpoint",
+            f"{path.name} holds a {type(obj).__name__}, not a dict {{arch, kwargs, state_dict}}",
+        )
     missing = [k for k in ("arch", "kwargs", "state_dict") if k not in obj]
     if missing:
-        raise CheckpointRejected("bad_checkpoint", f"{path.name} lacks {', '.join(missing)}; "
-                                 f"it has {', '.join(map(str, obj)) or 'no keys'}")
+        raise CheckpointRejected(
+            "bad_checkpoint",
+            f"{path.name} lacks {', '.join(missing)}; "
+            f"it has {', '.join(map(str, obj)) or 'no keys'}",
+        )
     if not isinstance(obj["arch"], str):
         raise CheckpointRejected("bad_checkpoint", "'arch' must be a registry name (a string)")
     if not isinstance(obj["kwargs"], dict) or not _plain(obj["kwargs"]):
-        raise CheckpointRejected("bad_checkpoint", "'kwargs' must be a dict of plain values "
-                                 "(numbers, strings, lists)")
+        raise CheckpointRejected(
+            "bad_checkpoint", "'kwargs' must be a dict of plain values (numbers, strings, lists)"
+        )
     sd = obj["state_dict"]
-    if not isinstance(sd, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
-                                           for k, v in sd.items()):
-        raise CheckpointRejected("bad_checkpoint", "'state_dict' must map parameter names to "
-                                 "tensors (model.state_dict() of the bare model)")
+    if not isinstance(sd, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in sd.items()
+    ):
+        raise CheckpointRejected(
+            "bad_checkpoint",
+            "'state_dict' must map parameter names to "
+            "tensors (model.state_dict() of the bare model)",
+        )
     return obj
 
 
@@ -138,7 +159,7 @@ def _why_refused(e: Exception) -> str:
 def _strip_wrapper_prefix(sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
     """Keys saved from a DDP wrapper start with ``module.``; accept them, and say so."""
     if sd and all(k.startswith("module.") for k in sd):
-        return {k[len("module."):]: v for k, v in sd.items()}, True
+        return {k[len("module.") :]: v for k, v in sd.items()}, True
     return sd, False
 
 
@@ -150,53 +171,72 @@ def rebuild(ckpt: dict[str, Any], allowed: Sequence[str]) -> tuple[nn.Module, li
     arch, kwargs = ckpt["arch"], ckpt["kwargs"]
     notes: list[str] = []
     if arch not in allowed:
-        raise CheckpointRejected("wrong_arch", f"arch {arch!r} is not allowed by this target "
-                                 f"(allowed: {', '.join(allowed)})")
+        raise CheckpointRejected(
+            "wrong_arch",
+            f"arch {arch!r} is not allowed by this target (allowed: {', '.join(allowed)})",
+        )
     if arch not in models.names():
-        raise CheckpointRejected("wrong_arch", f"arch {arch!r} is not in the lab_utils.models "
-                                 "registry")
+        raise CheckpointRejected(
+            "wrong_arch", f"arch {arch!r} is not in the lab_utils.models registry"
+        )
     sd, stripped = _strip_wrapper_prefix(ckpt["state_dict"])
     if stripped:
-        notes.append("state_dict keys started with 'module.' (saved from the DDP wrapper); "
-                     "save the bare model's state_dict instead")
+        notes.append(
+            "state_dict keys started with 'module.' (saved from the DDP wrapper); "
+            "save the bare model's state_dict instead"
+        )
     try:
         with torch.device("meta"):  # shapes only: a huge width costs no memory here
             skeleton = models.build(arch, **kwargs)
     except Exception as e:  # e.g. a negative width: the submission's fault, not ours
-        raise CheckpointRejected("wrong_arch", f"kwargs {kwargs} do not fit arch {arch!r}: "
-                                 f"{e}") from None
+        raise CheckpointRejected(
+            "wrong_arch", f"kwargs {kwargs} do not fit arch {arch!r}: {e}"
+        ) from None
     _compare(skeleton.state_dict(), sd, arch, kwargs)
     for name, t in sd.items():
         if t.is_floating_point() or t.is_complex():
             bad = int((~torch.isfinite(t)).sum())
             if bad:
                 raise CheckpointRejected(
-                    "nan_weights", f"{name} holds {bad} NaN or infinite value(s) of "
-                    f"{t.numel()}: training diverged (look at the learning rate and warm-up)")
+                    "nan_weights",
+                    f"{name} holds {bad} NaN or infinite value(s) of "
+                    f"{t.numel()}: training diverged (look at the learning rate and warm-up)",
+                )
     model = models.build(arch, **kwargs)
     model.load_state_dict(sd, strict=True)
     return model.eval(), notes
 
 
-def _compare(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor], arch: str,
-             kwargs: dict[str, Any]) -> None:
+def _compare(
+    expected: dict[str, torch.Tensor],
+    got: dict[str, torch.Tensor],
+    arch: str,
+    kwargs: dict[str, Any],
+) -> None:
     missing = [k for k in expected if k not in got]
     unexpected = [k for k in got if k not in expected]
-    wrong = [f"{k}: {tuple(got[k].shape)} instead of {tuple(v.shape)}"
-             for k, v in expected.items() if k in got and got[k].shape != v.shape]
+    wrong = [
+        f"{k}: {tuple(got[k].shape)} instead of {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in got and got[k].shape != v.shape
+    ]
     problems = []
     if missing:
         problems.append(f"missing {', '.join(missing[:4])}" + (" ..." if len(missing) > 4 else ""))
     if unexpected:
-        problems.append(f"unexpected {', '.join(unexpected[:4])}"
-                        + (" ..." if len(unexpected) > 4 else ""))
+        problems.append(
+            f"unexpected {', '.join(unexpected[:4])}" + (" ..." if len(unexpected) > 4 else "")
+        )
     if wrong:
         problems.append("; ".join(wrong[:4]) + (" ..." if len(wrong) > 4 else ""))
     if problems:
         raise CheckpointRejected(
-            "wrong_shape", f"the state_dict does not fit {arch}({_kwargs_text(kwargs)}): "
-            + " | ".join(problems) + ". Save the model you trained with the arch and kwargs "
-            "it was built with (lab_utils.models.save does this).")
+            "wrong_shape",
+            f"the state_dict does not fit {arch}({_kwargs_text(kwargs)}): "
+            + " | ".join(problems)
+            + ". Save the model you trained with the arch and kwargs "
+            "it was built with (lab_utils.models.save does this).",
+        )
 
 
 def _kwargs_text(kwargs: dict[str, Any]) -> str:
@@ -210,6 +250,9 @@ def parameter_count(model: nn.Module) -> int:
 
 def describe(ckpt: dict[str, Any], model: nn.Module, path: Path) -> dict[str, Any]:
     """What the report shows about an accepted checkpoint."""
-    return {"arch": ckpt["arch"], "kwargs": ckpt["kwargs"],
-            "parameters": parameter_count(model),
-            "size_mb": round(path.stat().st_size / 2**20, 3)}
+    return {
+        "arch": ckpt["arch"],
+        "kwargs": ckpt["kwargs"],
+        "parameters": parameter_count(model),
+        "size_mb": round(path.stat().st_size / 2**20, 3),
+    }

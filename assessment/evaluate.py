@@ -37,8 +37,7 @@ class TestSplit:
     std: tuple[float, ...]
 
     def save(self, path: Path) -> None:
-        torch.save({"x": self.x, "y": self.y, "mean": list(self.mean), "std": list(self.std)},
-                   path)
+        torch.save({"x": self.x, "y": self.y, "mean": list(self.mean), "std": list(self.std)}, path)
 
     @classmethod
     def read(cls, path: Path) -> TestSplit:
@@ -57,12 +56,16 @@ def check_fits(model: torch.nn.Module, split: TestSplit) -> None:
             out = model.eval()(torch.zeros(1, *split.x.shape[1:]))
     except Exception as e:  # a shape mismatch inside the network
         raise ckpt_mod.CheckpointRejected(
-            "wrong_arch", f"the model cannot take images of shape {tuple(split.x.shape[1:])}: "
-                          f"{type(e).__name__}: {e}") from None
+            "wrong_arch",
+            f"the model cannot take images of shape {tuple(split.x.shape[1:])}: "
+            f"{type(e).__name__}: {e}",
+        ) from None
     if out.dim() != 2 or out.shape[1] < classes:
         raise ckpt_mod.CheckpointRejected(
-            "wrong_arch", f"the model returns shape {tuple(out.shape)} for one image; the "
-                          f"dataset needs (1, {classes}) logits")
+            "wrong_arch",
+            f"the model returns shape {tuple(out.shape)} for one image; the "
+            f"dataset needs (1, {classes}) logits",
+        )
 
 
 def measure_accuracy(model: torch.nn.Module, split: TestSplit) -> tuple[float, int]:
@@ -72,8 +75,16 @@ def measure_accuracy(model: torch.nn.Module, split: TestSplit) -> tuple[float, i
     from lab_utils.train import evaluate
 
     device = lprofile.device()
-    loader = TensorLoader(split.x, split.y, EVAL_BATCH, shuffle=False, even_shards=False,
-                          mean=split.mean, std=split.std, device=device)
+    loader = TensorLoader(
+        split.x,
+        split.y,
+        EVAL_BATCH,
+        shuffle=False,
+        even_shards=False,
+        mean=split.mean,
+        std=split.std,
+        device=device,
+    )
     result = evaluate(model.to(device), loader, device=device)
     return float(result["acc"]), int(result["n"])
 
@@ -90,8 +101,13 @@ def judge(workdir: Path, split: TestSplit, archs: list[str], max_mb: float) -> d
     except ckpt_mod.CheckpointRejected as e:
         return {"reason": e.reason, "message": str(e)}
     acc, n = measure_accuracy(model, split)
-    return {"reason": None, "notes": notes, "checkpoint": ckpt_mod.describe(ckpt, model, path),
-            "accuracy": round(acc, 5), "test_samples": n}
+    return {
+        "reason": None,
+        "notes": notes,
+        "checkpoint": ckpt_mod.describe(ckpt, model, path),
+        "accuracy": round(acc, 5),
+        "test_samples": n,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
     for mod in (assessment, lab_utils):  # imported from the verified checkout, or nothing
         if not Path(mod.__file__).resolve().is_relative_to(Path(args.repo).resolve()):
-            raise RuntimeError(f"{mod.__name__} was imported from {mod.__file__}, "
-                               f"not from {args.repo}")
-    result = judge(Path(args.workdir), TestSplit.read(Path(args.split)),
-                   json.loads(args.archs), args.max_mb)
+            raise RuntimeError(
+                f"{mod.__name__} was imported from {mod.__file__}, not from {args.repo}"
+            )
+    result = judge(
+        Path(args.workdir), TestSplit.read(Path(args.split)), json.loads(args.archs), args.max_mb
+    )
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0
 
@@ -119,20 +137,50 @@ class EvaluationError(RuntimeError):
     """The fresh evaluation process failed (a fault of the grader)."""
 
 
-def run(workdir: Path, split_file: Path, archs: list[str], max_mb: float, repo: Path,
-        env: dict[str, str] | None = None, timeout: float = 600) -> dict[str, Any]:
+def run(
+    workdir: Path,
+    split_file: Path,
+    archs: list[str],
+    max_mb: float,
+    repo: Path,
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> dict[str, Any]:
     """Run :func:`main` in ``python -I`` importing only ``repo``; its result."""
-    boot = ("import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; "
-            "from assessment.evaluate import main; sys.exit(main())")
-    cmd = [sys.executable, "-I", "-c", boot, str(repo), "--workdir", str(workdir),
-           "--split", str(split_file), "--archs", json.dumps(list(archs)),
-           "--max-mb", str(max_mb), "--repo", str(repo)]
+    boot = (
+        "import sys; sys.path.insert(0, sys.argv[1]); del sys.argv[1]; "
+        "from assessment.evaluate import main; sys.exit(main())"
+    )
+    cmd = [
+        sys.executable,
+        "-I",
+        "-c",
+        boot,
+        str(repo),
+        "--workdir",
+        str(workdir),
+        "--split",
+        str(split_file),
+        "--archs",
+        json.dumps(list(archs)),
+        "--max-mb",
+        str(max_mb),
+        "--repo",
+        str(repo),
+    ]
     clean = {k: v for k, v in (env or os.environ).items() if not k.startswith("PYTHON")}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=clean, cwd=str(repo),
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=str(repo),
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     for line in reversed(done.stdout.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
+            return json.loads(line[len(RESULT_PREFIX) :])
     tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-8:])
     raise EvaluationError(f"the evaluation process exited with {done.returncode}: {tail}")
 

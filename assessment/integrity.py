@@ -45,8 +45,9 @@ def snapshot(files: Iterable[Path], folders: Iterable[Path] = ()) -> dict[str, s
         except OSError as e:
             digests[str(path)] = f"unreadable: {e.strerror}"
     for folder in folders:
-        names = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
-                       if "__pycache__" not in p.parts)
+        names = sorted(
+            str(p.relative_to(folder)) for p in folder.rglob("*") if "__pycache__" not in p.parts
+        )
         digests[f"{folder}/ (listing)"] = hashlib.sha256("\n".join(names).encode()).hexdigest()
     return digests
 

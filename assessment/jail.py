@@ -32,8 +32,10 @@ SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 GPU_DEVICE_GLOBS = ("/dev/nvidia*", "/dev/nvidia-caps", "/dev/dri")
 CACHE_NAME = "cache"  # in a training copy: the parsed tensors of it, for $LABS_CACHE
 DEFAULT_MAX_PROCS = 256  # a fork bomb stops here, far above what a launcher needs
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; it needs "
-                "root or unprivileged user namespaces)")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; it needs "
+    "root or unprivileged user namespaces)"
+)
 
 
 class JailError(RuntimeError):
@@ -50,18 +52,39 @@ def check() -> None:
     exe = bwrap()
     if exe is None:
         raise JailError(f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
-    probe = [exe, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent",
-             "--cap-drop", "ALL", "--", "/bin/sh", "-c", "! touch /usr/.lab-grade-probe"]
+    probe = [
+        exe,
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--die-with-parent",
+        "--cap-drop",
+        "ALL",
+        "--",
+        "/bin/sh",
+        "-c",
+        "! touch /usr/.lab-grade-probe",
+    ]
     try:
         done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise JailError(f"bubblewrap does not start: {e}") from e
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no message"]
-        raise JailError(f"bubblewrap cannot make a sandbox here ({why[0]}); run the grader as "
-                        "root or enable unprivileged user namespaces "
-                        "(sysctl kernel.unprivileged_userns_clone=1)")
+        raise JailError(
+            f"bubblewrap cannot make a sandbox here ({why[0]}); run the grader as "
+            "root or enable unprivileged user namespaces "
+            "(sysctl kernel.unprivileged_userns_clone=1)"
+        )
 
 
 # --------------------------------------------------------------------------- training data
@@ -71,20 +94,24 @@ def training_copy(dataset: str, dest: Path) -> Path:
     ``dest``, the folder to hand the job as ``$LABS_DATA``."""
     ds = ldata.load(dataset)
     src = Path(ds.source)
-    kind = ldata._kind(dataset)  # noqa: SLF001 - the file list of the same module's loader
+    kind = ldata._kind(dataset)
     folder = dest / kind.cache_folder
     folder.mkdir(parents=True, exist_ok=True)
     for name in kind.files:
         if name in ldata.TEST_FILES:
             continue
         if name == ldata.SYNTHETIC_MANIFEST:  # its checksum of test_batch names no file here
-            lines = [ln for ln in (src / name).read_text().splitlines()
-                     if ln.strip() and not ln.strip().endswith(ldata.TEST_FILES)]
+            lines = [
+                ln
+                for ln in (src / name).read_text().splitlines()
+                if ln.strip() and not ln.strip().endswith(ldata.TEST_FILES)
+            ]
             (folder / name).write_text("\n".join(lines) + "\n")
             continue
         shutil.copyfile(src / name, folder / name)
     (folder / ldata.TRAINING_ONLY).write_text(
-        "The training split only: the grader keeps the test split out of the sandbox.\n")
+        "The training split only: the grader keeps the test split out of the sandbox.\n"
+    )
     # Parse it once here, into a cache the job reads (read-only) instead of parsing
     # the files again in every rank.
     saved = os.environ.get("LABS_CACHE")
@@ -149,7 +176,11 @@ def _own_cgroup(controller: str) -> Path | None:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             _, ctrls, path = line.split(":", 2)
-            if controller == "" and ctrls == "" and Path("/sys/fs/cgroup/cgroup.controllers").is_file():
+            if (
+                controller == ""
+                and ctrls == ""
+                and Path("/sys/fs/cgroup/cgroup.controllers").is_file()
+            ):
                 return Path("/sys/fs/cgroup") / path.lstrip("/")
             if controller and controller in ctrls.split(","):
                 return Path("/sys/fs/cgroup") / controller / path.lstrip("/")
@@ -202,8 +233,12 @@ def make_limits(memory_mb: float, max_procs: int = DEFAULT_MAX_PROCS) -> Limits:
 # --------------------------------------------------------------------------- the command
 def _python_paths() -> list[Path]:
     """What the interpreter needs: its environment and the installation it comes from."""
-    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
-             Path(sys.executable).parent.parent}
+    paths = {
+        Path(sys.prefix),
+        Path(sys.base_prefix),
+        Path(sys.exec_prefix),
+        Path(sys.executable).parent.parent,
+    }
     return sorted(paths)
 
 
@@ -229,8 +264,15 @@ def gpu_devices() -> list[str]:
     return found
 
 
-def command(cmd: list[str], *, workdir: Path, data_dir: Path | None, repo: Path,
-            gpu: bool = False, hide: list[Path] | tuple[Path, ...] = ()) -> list[str]:
+def command(
+    cmd: list[str],
+    *,
+    workdir: Path,
+    data_dir: Path | None,
+    repo: Path,
+    gpu: bool = False,
+    hide: list[Path] | tuple[Path, ...] = (),
+) -> list[str]:
     """``cmd`` wrapped in bubblewrap (see the module docstring for what it sees).
 
     ``hide`` are folders inside the visible system ones that must look empty (a full
@@ -239,10 +281,29 @@ def command(cmd: list[str], *, workdir: Path, data_dir: Path | None, repo: Path,
     exe = bwrap()
     if exe is None:
         raise JailError(f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
-    args = [exe, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
-            "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
-            "--ro-bind", "/sys", "/sys"]
+    args = [
+        exe,
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--cap-drop",
+        "ALL",
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--tmpfs",
+        "/tmp",
+        "--tmpfs",
+        "/dev/shm",
+        "--ro-bind",
+        "/sys",
+        "/sys",
+    ]
     shown: set[str] = set()
     for p in SYSTEM_PATHS:
         _show(Path(p), args, shown)
@@ -260,8 +321,11 @@ def command(cmd: list[str], *, workdir: Path, data_dir: Path | None, repo: Path,
     masked: list[str] = []
     for folder in sorted({*map(str, ldata.SYSTEM_DIRS), *(str(Path(h).resolve()) for h in hide)}):
         inside_shown = any(folder.startswith(p + "/") for p in shown)
-        if os.path.isdir(folder) and inside_shown and not any(
-                folder == m or folder.startswith(m + "/") for m in masked):
+        if (
+            os.path.isdir(folder)
+            and inside_shown
+            and not any(folder == m or folder.startswith(m + "/") for m in masked)
+        ):
             masked.append(folder)
             args += ["--tmpfs", folder, "--remount-ro", folder]
     args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
@@ -275,11 +339,19 @@ def command(cmd: list[str], *, workdir: Path, data_dir: Path | None, repo: Path,
 def sandbox_env(workdir: Path, data_dir: Path | None) -> dict[str, str]:
     """What a job needs to find inside: its home, its caches, its data, loopback."""
     cache = data_dir / CACHE_NAME if data_dir is not None else Path("/tmp/lab_utils-cache")
-    env = {"HOME": "/tmp", "LABS_CACHE": str(cache), "TMPDIR": "/tmp",
-           "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo",
-           "OMPI_MCA_btl_tcp_if_include": "lo", "OMPI_MCA_oob_tcp_if_include": "lo",
-           "MASTER_ADDR": "127.0.0.1", "XDG_CACHE_HOME": "/tmp/.cache",
-           "MPLCONFIGDIR": "/tmp/.mpl", "LABS_RUNS": str(workdir / "runs")}
+    env = {
+        "HOME": "/tmp",
+        "LABS_CACHE": str(cache),
+        "TMPDIR": "/tmp",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "NCCL_SOCKET_IFNAME": "lo",
+        "OMPI_MCA_btl_tcp_if_include": "lo",
+        "OMPI_MCA_oob_tcp_if_include": "lo",
+        "MASTER_ADDR": "127.0.0.1",
+        "XDG_CACHE_HOME": "/tmp/.cache",
+        "MPLCONFIGDIR": "/tmp/.mpl",
+        "LABS_RUNS": str(workdir / "runs"),
+    }
     if data_dir is not None:
         env["LABS_DATA"] = str(data_dir)
     return env

@@ -57,8 +57,9 @@ def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
-def socket_bytes(pid: int, fd: int, libc: ctypes.CDLL | None = None
-                 ) -> tuple[tuple[str, int], tuple[str, int], int] | None:
+def socket_bytes(
+    pid: int, fd: int, libc: ctypes.CDLL | None = None
+) -> tuple[tuple[str, int], tuple[str, int], int] | None:
     """``(local address, peer address, bytes received)`` of the connected TCP socket
     ``fd`` of process ``pid``; ``None`` for anything else."""
     if not hasattr(os, "pidfd_open"):  # not Linux
@@ -197,8 +198,9 @@ class GpuWatch:
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
-                             for i in range(pynvml.nvmlDeviceGetCount())]
+            self._handles = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
         except Exception as e:  # ImportError, or NVMLError without a driver
             self._nvml, self._handles = None, []
             self.unavailable = f"no NVML here ({type(e).__name__}: {e})"
@@ -234,21 +236,28 @@ def _mb(n: float) -> str:
     return f"{n / 2**20:.2f} MB"
 
 
-def idle_ranks_by_bytes(sent: dict[int, int], received: dict[int, int],
-                        parameters: int) -> list[str]:
+def idle_ranks_by_bytes(
+    sent: dict[int, int], received: dict[int, int], parameters: int
+) -> list[str]:
     """The ranks that sent or received less than :func:`minimum_bytes` to and from the
     other ranks, each with its counts (empty when every rank exchanged enough)."""
     need = minimum_bytes(parameters)
     short = [r for r in sorted(sent) if min(sent[r], received[r]) < need]
     if not short:
         return []
-    who = ("no rank exchanged gradients with another" if len(short) == len(sent) else
-           f"rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} took no part "
-           "in the exchange")
-    counts = ", ".join(f"rank {r} sent {_mb(sent[r])} and received {_mb(received[r])}"
-                       for r in short)
-    return [f"{who} ({counts}; each rank of a data-parallel run sends and receives at least "
-            f"{_mb(need)}: {MIN_EXCHANGES} all-reduces of {parameters:,} 16-bit gradients)"]
+    who = (
+        "no rank exchanged gradients with another"
+        if len(short) == len(sent)
+        else f"rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} took no part "
+        "in the exchange"
+    )
+    counts = ", ".join(
+        f"rank {r} sent {_mb(sent[r])} and received {_mb(received[r])}" for r in short
+    )
+    return [
+        f"{who} ({counts}; each rank of a data-parallel run sends and receives at least "
+        f"{_mb(need)}: {MIN_EXCHANGES} all-reduces of {parameters:,} 16-bit gradients)"
+    ]
 
 
 def idle_ranks_by_gpu(use: dict[int, float], nprocs: int) -> list[str]:
@@ -256,12 +265,16 @@ def idle_ranks_by_gpu(use: dict[int, float], nprocs: int) -> list[str]:
     most = max(use.values(), default=0.0)
     if most <= 0:
         return []
-    return [f"rank {r} used {use.get(r, 0.0) / most:.0%} of the GPU time of the busiest rank "
-            "(NVML)" for r in range(nprocs) if use.get(r, 0.0) < IDLE_GPU * most]
+    return [
+        f"rank {r} used {use.get(r, 0.0) / most:.0%} of the GPU time of the busiest rank (NVML)"
+        for r in range(nprocs)
+        if use.get(r, 0.0) < IDLE_GPU * most
+    ]
 
 
-def judge(nprocs: int, parameters: int, watch: SocketWatch, gpu: GpuWatch | None
-          ) -> tuple[list[str], str]:
+def judge(
+    nprocs: int, parameters: int, watch: SocketWatch, gpu: GpuWatch | None
+) -> tuple[list[str], str]:
     """``(findings, unavailable)``: a line per rank that did not take part (empty when
     every rank did), and why the evidence could not be read ("" when it could)."""
     if nprocs < 2:
@@ -274,11 +287,15 @@ def judge(nprocs: int, parameters: int, watch: SocketWatch, gpu: GpuWatch | None
         sent, received = watch.per_rank(nprocs)
         return idle_ranks_by_bytes(sent, received, parameters), ""
     if watch.lo_bytes is None:
-        return [], (f"per-rank socket counts cannot be read ({watch.unavailable}) and the job "
-                    "has no network namespace of its own")
+        return [], (
+            f"per-rank socket counts cannot be read ({watch.unavailable}) and the job "
+            "has no network namespace of its own"
+        )
     need = nprocs * minimum_bytes(parameters)  # lo counts every byte a rank sends, once
     if watch.lo_bytes < need:
-        return [f"the job's network namespace carried {_mb(watch.lo_bytes)} in all, less than "
-                f"its {nprocs} ranks must send ({_mb(need)}); which rank stayed out cannot be "
-                f"told here (per-rank socket counts: {watch.unavailable})"], ""
+        return [
+            f"the job's network namespace carried {_mb(watch.lo_bytes)} in all, less than "
+            f"its {nprocs} ranks must send ({_mb(need)}); which rank stayed out cannot be "
+            f"told here (per-rank socket counts: {watch.unavailable})"
+        ], ""
     return [], ""

@@ -107,8 +107,12 @@ class Report:
 
     def text(self, tail_lines: int = 15) -> str:
         """The report as a reader would want it in a terminal."""
-        headline = {"pass": "PASS", "fail": "FAIL", "broken": "BROKEN SUBMISSION",
-                    "error": "GRADER ERROR"}[self.status]
+        headline = {
+            "pass": "PASS",
+            "fail": "FAIL",
+            "broken": "BROKEN SUBMISSION",
+            "error": "GRADER ERROR",
+        }[self.status]
         acc = "not measured" if self.accuracy is None else f"{self.accuracy:.2%}"
         if self.test_samples:
             acc += f" on {self.test_samples} held-out test images"
@@ -116,8 +120,14 @@ class Report:
         if self.timed_out:
             took += f" (stopped at budget + grace = {self.budget_s + self.grace_s:g} s)"
         lines = [
-            *(["UNSAFE: graded without a sandbox; the submission could read the test split "
-               "and change files, so do not trust this verdict"] if self.unsafe else []),
+            *(
+                [
+                    "UNSAFE: graded without a sandbox; the submission could read the test split "
+                    "and change files, so do not trust this verdict"
+                ]
+                if self.unsafe
+                else []
+            ),
             f"{headline}: {self.reason}",
             f"  {self.message}",
             "",
@@ -130,16 +140,25 @@ class Report:
         ]
         if self.checkpoint:
             c = self.checkpoint
-            lines.append(f"  checkpoint  {c.get('arch')} {c.get('kwargs')}, "
-                         f"{c.get('parameters', '?')} parameters")
+            lines.append(
+                f"  checkpoint  {c.get('arch')} {c.get('kwargs')}, "
+                f"{c.get('parameters', '?')} parameters"
+            )
         if self.ranks:
-            lines.append("  ranks       " + ", ".join(
-                f"{r['rank']}: {r['cpu_s']:.1f} s CPU"
-                + (f", {r['sent_mb']:.2f}/{r['received_mb']:.2f} MB sent/received"
-                   if "sent_mb" in r else "")
-                + (f", {r['gpu_share']:.0%} of the busiest GPU use" if "gpu_share" in r else "")
-                + (f", {r['samples_share']:.0%} of samples" if "samples_share" in r else "")
-                for r in self.ranks))
+            lines.append(
+                "  ranks       "
+                + ", ".join(
+                    f"{r['rank']}: {r['cpu_s']:.1f} s CPU"
+                    + (
+                        f", {r['sent_mb']:.2f}/{r['received_mb']:.2f} MB sent/received"
+                        if "sent_mb" in r
+                        else ""
+                    )
+                    + (f", {r['gpu_share']:.0%} of the busiest GPU use" if "gpu_share" in r else "")
+                    + (f", {r['samples_share']:.0%} of samples" if "samples_share" in r else "")
+                    for r in self.ranks
+                )
+            )
         lines += [f"  warning     {w}" for w in self.warnings]
         if self.output_tail and self.status in ("broken", "fail") and self.reason != "low_accuracy":
             lines += ["", "  last lines of the job's output:"]

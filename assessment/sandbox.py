@@ -46,8 +46,10 @@ METRICS_NAME = ".lab-grade-metrics.jsonl"  # in the working directory: the job m
 WEIGHT_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors", ".npz", ".npy", ".pkl")
 _IGNORED = ("__pycache__", ".git", ".ipynb_checkpoints")
 # "ValueError: ...", also behind torch's "[rank1]: " prefix of uncaught exceptions.
-_ERROR_LINE = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt)"
-                         r"|Killed|Segmentation fault)\b(:.*)?$")
+_ERROR_LINE = re.compile(
+    r"^\s*(?:\[rank\d+\]:\s*)?([A-Za-z_][\w.]*(Error|Exception|Interrupt)"
+    r"|Killed|Segmentation fault)\b(:.*)?$"
+)
 _TORCH_RANK_PREFIX = re.compile(r"^\s*\[rank\d+\]:\s*")
 
 
@@ -89,6 +91,7 @@ def prepare(submission: str | os.PathLike, entry: str = "train.py") -> Workspace
             script = workdir / src.name
             shutil.copyfile(src, script)
         elif src.is_dir():
+
             def skip(folder: str, names: list[str]) -> set[str]:
                 out = set()
                 for n in names:
@@ -103,8 +106,10 @@ def prepare(submission: str | os.PathLike, entry: str = "train.py") -> Workspace
             shutil.copytree(src, workdir, ignore=skip, symlinks=False)
             script = workdir / entry
             if not script.is_file():
-                raise SubmissionError(f"submission folder {src} has no entry script {entry} "
-                                      "(choose another with --entry)")
+                raise SubmissionError(
+                    f"submission folder {src} has no entry script {entry} "
+                    "(choose another with --entry)"
+                )
         else:
             raise SubmissionError(f"submission {src} is neither a file nor a folder")
     except BaseException:
@@ -122,8 +127,7 @@ def syntax_error(workdir: Path) -> str | None:
     """The first syntax error in the copied ``.py`` files, or ``None`` (nothing is run)."""
     for path in sources(workdir):
         try:
-            compile(path.read_bytes(), str(path.relative_to(workdir)), "exec",
-                    dont_inherit=True)
+            compile(path.read_bytes(), str(path.relative_to(workdir)), "exec", dont_inherit=True)
         except (SyntaxError, ValueError) as e:
             where = f"{getattr(e, 'filename', path.name)}, line {getattr(e, 'lineno', '?')}"
             text = (getattr(e, "text", "") or "").rstrip()
@@ -237,8 +241,14 @@ class JobOutcome:
         job, the lines before the stop (what follows is the launchers' teardown)."""
         lines = self.lines
         if self.timed_out:
-            cut = next((i for i, (rank, text) in enumerate(lines)
-                        if rank is None and text.startswith("launch: timed out")), len(lines))
+            cut = next(
+                (
+                    i
+                    for i, (rank, text) in enumerate(lines)
+                    if rank is None and text.startswith("launch: timed out")
+                ),
+                len(lines),
+            )
             lines = lines[:cut]
         out = [text if rank is None else f"[rank {rank}] {text}" for rank, text in lines[-n:]]
         return out + (["(stopped by the grader)"] if self.timed_out else [])
@@ -279,19 +289,40 @@ class Confinement:
     hide: list[Path] = field(default_factory=list)  # full dataset copies in visible folders
 
 
-def _command(ws: Workspace, args: Sequence[str], launcher: str, nprocs: int,
-             job: dict[str, str], conf: Confinement | None) -> list[str]:
+def _command(
+    ws: Workspace,
+    args: Sequence[str],
+    launcher: str,
+    nprocs: int,
+    job: dict[str, str],
+    conf: Confinement | None,
+) -> list[str]:
     cmd = launch.command(launcher, nprocs, ws.script, args, (), job)
     if conf is not None and conf.sandboxed:
-        cmd = jail.command(cmd, workdir=ws.workdir, data_dir=conf.data_dir, repo=conf.repo,
-                           gpu=conf.gpu, hide=conf.hide)
+        cmd = jail.command(
+            cmd,
+            workdir=ws.workdir,
+            data_dir=conf.data_dir,
+            repo=conf.repo,
+            gpu=conf.gpu,
+            hide=conf.hide,
+        )
     return [sys.executable, "-m", "lab_utils.reaper", "--", *cmd]
 
 
-def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, deadline: float,
-            env: Mapping[str, str], threads_per_proc: int | None,
-            echo: bool = False, confinement: Confinement | None = None,
-            gpu: bool = False) -> JobOutcome:
+def run_job(
+    ws: Workspace,
+    args: Sequence[str],
+    *,
+    launcher: str,
+    nprocs: int,
+    deadline: float,
+    env: Mapping[str, str],
+    threads_per_proc: int | None,
+    echo: bool = False,
+    confinement: Confinement | None = None,
+    gpu: bool = False,
+) -> JobOutcome:
     """Run the workspace's script and wait for it, for at most ``deadline`` seconds."""
     job = launch.job_env(launcher, {**env, TAG_VAR: ws.job_id}, threads_per_proc, deadline)
     metrics_file = ws.workdir / METRICS_NAME
@@ -331,9 +362,15 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
     timed_out = False
     proc = None
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=ws.workdir, env=job,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=ws.workdir,
+            env=job,
+            start_new_session=True,
+        )
         # A small queue: a job that floods its output waits for the grader to read it.
         chunks: queue.Queue[bytes] = queue.Queue(maxsize=16)
 
@@ -352,7 +389,7 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
             if left <= 0:
                 timed_out = True
                 take(None, f"launch: timed out after {deadline:g}s; stopping every process")
-                launch._stop(proc)  # noqa: SLF001 - the launcher's own way to end its job
+                launch._stop(proc)
                 break
             try:
                 data = chunks.get(timeout=min(left, 0.2))
@@ -363,7 +400,7 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
             else:
                 for rank, text in demux.feed(data.decode("utf-8", errors="replace")):
                     take(rank, text)
-        launch._stop(proc)  # noqa: SLF001
+        launch._stop(proc)
         # Drain what is left (bounded: the writers are gone).
         while True:
             try:
@@ -381,7 +418,7 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
     finally:
         end = time.monotonic()
         if proc is not None and proc.poll() is None:
-            launch._stop(proc)  # noqa: SLF001
+            launch._stop(proc)
         watch.stop()
         if gpu_watch is not None:
             gpu_watch.close()
@@ -394,15 +431,25 @@ def run_job(ws: Workspace, args: Sequence[str], *, launcher: str, nprocs: int, d
             limits.remove()
     last = state["stopped"] or end  # the end of the job as the job itself lived it
     silent = last - (state["last"] or start)
-    return JobOutcome(returncode=returncode, timed_out=timed_out, elapsed=end - start,
-                      silent_for=silent,
-                      busy_cores=watch.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
-                      cpu_s=_children_cpu() - cpu0, lines=list(lines), leftovers=leftovers,
-                      error=state["error"], line_count=state["count"],
-                      rank_cpu_s=dict(sorted(watch.by_rank.items())),
-                      metrics=_read_metrics(metrics_file), memory_killed=memory_killed,
-                      peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
-                      limits=how, sockets=sockets, gpu=gpu_watch)
+    return JobOutcome(
+        returncode=returncode,
+        timed_out=timed_out,
+        elapsed=end - start,
+        silent_for=silent,
+        busy_cores=watch.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
+        cpu_s=_children_cpu() - cpu0,
+        lines=list(lines),
+        leftovers=leftovers,
+        error=state["error"],
+        line_count=state["count"],
+        rank_cpu_s=dict(sorted(watch.by_rank.items())),
+        metrics=_read_metrics(metrics_file),
+        memory_killed=memory_killed,
+        peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
+        limits=how,
+        sockets=sockets,
+        gpu=gpu_watch,
+    )
 
 
 def _read_metrics(path: Path, max_bytes: int = 4 * 2**20) -> list[dict]:

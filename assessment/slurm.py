@@ -42,8 +42,19 @@ from .report import Report
 REPO = Path(__file__).resolve().parent.parent
 JOB_NAME = "lab-grade"
 SLURM_VARS = ("SLURM_", "SBATCH_", "SRUN_", "PMI_", "PMIX_", "OMPI_MCA_ess", "OMPI_MCA_orte")
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED",
-          "RESIZING", "SIGNALING", "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED")
+ACTIVE = (
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+    "SIGNALING",
+    "STAGE_OUT",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+)
 # Why Slurm ended a job, in words (sacct's and scontrol's JobState).
 ENDED = {
     "TIMEOUT": "ran past the job's time limit (--time)",
@@ -69,7 +80,9 @@ def _slurm(args: Sequence[str], timeout: float = 60.0) -> str:
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SlurmError(f"{args[0]}: {e}") from e
     if done.returncode != 0:
-        raise SlurmError(f"`{shlex.join(args)}` failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise SlurmError(
+            f"`{shlex.join(args)}` failed: {done.stderr.strip() or done.stdout.strip()}"
+        )
     return done.stdout
 
 
@@ -77,8 +90,7 @@ def queue(array_ids: Sequence[str]) -> dict[str, tuple[str, str]]:
     """``{task id: (state, reason)}`` of the array tasks Slurm still lists as queued or running."""
     if not array_ids:
         return {}
-    out = _slurm(["squeue", "-h", "-r", "-j", ",".join(sorted(set(array_ids))),
-                  "-o", "%i|%T|%r"])
+    out = _slurm(["squeue", "-h", "-r", "-j", ",".join(sorted(set(array_ids))), "-o", "%i|%T|%r"])
     found = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
@@ -110,14 +122,16 @@ def final_state(job: str) -> str:
 # --------------------------------------------------------------------------- the job side
 def job_script(python: str = sys.executable) -> str:
     """The array job: grade entry ``$SLURM_ARRAY_TASK_ID`` of the manifest given as $1."""
-    return "\n".join([
-        "#!/bin/bash",
-        "# Written by lab-grade batch --slurm: grades one submission of the manifest.",
-        "set -euo pipefail",
-        f"cd {shlex.quote(str(REPO))}",
-        f'exec {shlex.quote(python)} -m assessment.slurm job "$1" "$SLURM_ARRAY_TASK_ID"',
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "# Written by lab-grade batch --slurm: grades one submission of the manifest.",
+            "set -euo pipefail",
+            f"cd {shlex.quote(str(REPO))}",
+            f'exec {shlex.quote(python)} -m assessment.slurm job "$1" "$SLURM_ARRAY_TASK_ID"',
+            "",
+        ]
+    )
 
 
 def grade_one(manifest: Path, index: int) -> dict[str, Any]:
@@ -134,9 +148,16 @@ def grade_one(manifest: Path, index: int) -> dict[str, Any]:
     shared = Path(tempfile.mkdtemp(prefix="lab-grade-data-"))
     try:
         data_dir = None if m["unsafe"] else jail.training_copy(target.dataset, shared)
-        report = grade_mod.grade(path, target, echo=False, launcher=m["launcher"],
-                                 nprocs=m["nprocs"], entry=m["entry"], unsafe=m["unsafe"],
-                                 data_dir=data_dir)
+        report = grade_mod.grade(
+            path,
+            target,
+            echo=False,
+            launcher=m["launcher"],
+            nprocs=m["nprocs"],
+            entry=m["entry"],
+            unsafe=m["unsafe"],
+            data_dir=data_dir,
+        )
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     report.write_json(out / "reports" / f"{name}.json")
@@ -154,7 +175,7 @@ def rows_dir(out: Path) -> Path:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    batch._atomic_write(path, json.dumps(obj, indent=2) + "\n")  # noqa: SLF001
+    batch._atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _read_json(path: Path) -> Any:
@@ -171,15 +192,31 @@ def default_time(target: targets_mod.Target) -> str:
     return str(math.ceil((2 * target.deadline_s + 600) / 60))
 
 
-def sbatch_command(script: Path, manifest: Path, n: int, target: targets_mod.Target,
-                   out: Path, *, partition: str | None = None, gres: str | None = None,
-                   time_limit: str | None = None, extra: Sequence[str] = ()) -> list[str]:
+def sbatch_command(
+    script: Path,
+    manifest: Path,
+    n: int,
+    target: targets_mod.Target,
+    out: Path,
+    *,
+    partition: str | None = None,
+    gres: str | None = None,
+    time_limit: str | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
     """The ``sbatch`` call that submits ``n`` array tasks for ``manifest``."""
     cpus = target.processes * (target.threads_per_proc or 1)
-    cmd = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", f"--array=0-{n - 1}",
-           "--nodes=1", "--ntasks=1", f"--cpus-per-task={cpus}",
-           f"--time={time_limit or default_time(target)}",
-           f"--output={out / 'slurm' / 'logs' / '%A_%a.out'}"]
+    cmd = [
+        "sbatch",
+        "--parsable",
+        f"--job-name={JOB_NAME}",
+        f"--array=0-{n - 1}",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--cpus-per-task={cpus}",
+        f"--time={time_limit or default_time(target)}",
+        f"--output={out / 'slurm' / 'logs' / '%A_%a.out'}",
+    ]
     if partition:
         cmd.append(f"--partition={partition}")
     if gres:
@@ -187,29 +224,59 @@ def sbatch_command(script: Path, manifest: Path, n: int, target: targets_mod.Tar
     return [*cmd, *extra, str(script), str(manifest)]
 
 
-def killed_row(name: str, item: dict[str, Any], target: targets_mod.Target, out: Path,
-               job: str, state: str, launcher: str, nprocs: int) -> dict[str, Any]:
+def killed_row(
+    name: str,
+    item: dict[str, Any],
+    target: targets_mod.Target,
+    out: Path,
+    job: str,
+    state: str,
+    launcher: str,
+    nprocs: int,
+) -> dict[str, Any]:
     """The row (and report) of a job Slurm ended before it reported."""
     why = ENDED.get(state, f"ended in state {state}")
     log = out / "slurm" / "logs" / f"{job}.out"
-    report = Report(submission=item["path"], target=target.name, dataset=target.dataset,
-                    launcher=launcher, nprocs=nprocs, budget_s=target.budget_s,
-                    grace_s=target.grace_s, required_accuracy=target.accuracy, job_id=job)
-    report.set("slurm_killed", f"Slurm job {job} {why} (state {state}) before the grader "
-                               f"reported; its log: {log}. Not the submission's fault: "
-                               "run the batch again to grade it again.")
+    report = Report(
+        submission=item["path"],
+        target=target.name,
+        dataset=target.dataset,
+        launcher=launcher,
+        nprocs=nprocs,
+        budget_s=target.budget_s,
+        grace_s=target.grace_s,
+        required_accuracy=target.accuracy,
+        job_id=job,
+    )
+    report.set(
+        "slurm_killed",
+        f"Slurm job {job} {why} (state {state}) before the grader "
+        f"reported; its log: {log}. Not the submission's fault: "
+        "run the batch again to grade it again.",
+    )
     report.write_json(out / "reports" / f"{name}.json")
     row = batch.row_of(name, Path(item["path"]), item["sha256"], target.name, report)
     row.update(slurm_job=job, slurm_state=state)
     return row
 
 
-def run_slurm_batch(folder: Path, target: targets_mod.Target, out: Path, *,
-                    launcher: str | None = None, nprocs: int | None = None,
-                    entry: str = "train.py", unsafe: bool = False, regrade: bool = False,
-                    partition: str | None = None, gres: str | None = None,
-                    time_limit: str | None = None, extra: Sequence[str] = (),
-                    poll_s: float = 5.0, echo: bool = True) -> list[dict[str, Any]]:
+def run_slurm_batch(
+    folder: Path,
+    target: targets_mod.Target,
+    out: Path,
+    *,
+    launcher: str | None = None,
+    nprocs: int | None = None,
+    entry: str = "train.py",
+    unsafe: bool = False,
+    regrade: bool = False,
+    partition: str | None = None,
+    gres: str | None = None,
+    time_limit: str | None = None,
+    extra: Sequence[str] = (),
+    poll_s: float = 5.0,
+    echo: bool = True,
+) -> list[dict[str, Any]]:
     """Grade every submission in ``folder`` on Slurm (see the module docstring); the rows."""
     say: Callable[..., None] = print if echo else (lambda *a, **k: None)
     for sub in ("reports", "slurm/logs", "slurm/rows"):
@@ -231,33 +298,56 @@ def run_slurm_batch(folder: Path, target: targets_mod.Target, out: Path, *,
         item = {"student": name, "path": str(path.resolve()), "sha256": digest}
         old, job = done.get(name), jobs.get(name)
         same = job is not None and job["sha256"] == digest and job["target"] == target.name
-        if old and old.get("sha256") == digest and old.get("target") == target.name \
-                and old.get("status") != "error":
+        if (
+            old
+            and old.get("sha256") == digest
+            and old.get("target") == target.name
+            and old.get("status") != "error"
+        ):
             rows[name] = old
             say(f"{name}: already graded ({old['status']}: {old['verdict']})", flush=True)
         elif same and job["job"] in queued:
             watch[name] = job
-            say(f"{name}: already submitted as job {job['job']} "
-                f"({queued[job['job']][0].lower()}), not submitted again", flush=True)
+            say(
+                f"{name}: already submitted as job {job['job']} "
+                f"({queued[job['job']][0].lower()}), not submitted again",
+                flush=True,
+            )
         elif same and not (old and old.get("slurm_job") == job["job"]):
             watch[name] = job  # ended while no batch was watching: collected below
         else:
             submit.append(item)
     if submit:
-        _submit(submit, jobs, jobs_file, target, out, launcher=launcher, nprocs=nprocs,
-                entry=entry, unsafe=unsafe, partition=partition, gres=gres,
-                time_limit=time_limit, extra=extra, say=say)
+        _submit(
+            submit,
+            jobs,
+            jobs_file,
+            target,
+            out,
+            launcher=launcher,
+            nprocs=nprocs,
+            entry=entry,
+            unsafe=unsafe,
+            partition=partition,
+            gres=gres,
+            time_limit=time_limit,
+            extra=extra,
+            say=say,
+        )
         watch.update({i["student"]: jobs[i["student"]] for i in submit})
     try:
         _wait(watch, rows, target, out, launcher, nprocs, poll_s, say)
     except KeyboardInterrupt:
         left = sorted(j["job"] for n, j in watch.items() if n not in rows)
-        say(f"\ninterrupted: {len(left)} job(s) still in Slurm ({', '.join(left)}); they keep "
+        say(
+            f"\ninterrupted: {len(left)} job(s) still in Slurm ({', '.join(left)}); they keep "
             "running. Run the same command again to collect them; they are not submitted "
-            "again.", flush=True)
-        batch._save(out, {**_kept(done, todo), **rows}, target.name)  # noqa: SLF001
+            "again.",
+            flush=True,
+        )
+        batch._save(out, {**_kept(done, todo), **rows}, target.name)
         raise
-    batch._save(out, rows, target.name)  # noqa: SLF001
+    batch._save(out, rows, target.name)
     ordered = [rows[n] for n, _ in todo if n in rows]
     say(batch.summary(ordered, target.name), end="")
     return ordered
@@ -271,32 +361,67 @@ def _previous_rows(out: Path) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def _kept(done: dict[str, dict[str, Any]], todo: list[tuple[str, Path]]) -> dict[str, dict[str, Any]]:
+def _kept(
+    done: dict[str, dict[str, Any]], todo: list[tuple[str, Path]]
+) -> dict[str, dict[str, Any]]:
     names = {n for n, _ in todo}
     return {n: r for n, r in done.items() if n in names and r.get("status") != "error"}
 
 
-def _submit(items: list[dict[str, Any]], jobs: dict[str, dict[str, Any]], jobs_file: Path,
-            target: targets_mod.Target, out: Path, *, say: Callable[..., None],
-            launcher: str, nprocs: int, entry: str, unsafe: bool, **sbatch_kw: Any) -> None:
+def _submit(
+    items: list[dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+    jobs_file: Path,
+    target: targets_mod.Target,
+    out: Path,
+    *,
+    say: Callable[..., None],
+    launcher: str,
+    nprocs: int,
+    entry: str,
+    unsafe: bool,
+    **sbatch_kw: Any,
+) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 10**6:06d}"
     manifest = out / "slurm" / f"manifest-{stamp}.json"
-    _write_json(manifest, {"out": str(out.resolve()), "target_path": str(Path(target.path).resolve()),
-                           "launcher": launcher, "nprocs": nprocs, "entry": entry,
-                           "unsafe": unsafe, "items": items})
+    _write_json(
+        manifest,
+        {
+            "out": str(out.resolve()),
+            "target_path": str(Path(target.path).resolve()),
+            "launcher": launcher,
+            "nprocs": nprocs,
+            "entry": entry,
+            "unsafe": unsafe,
+            "items": items,
+        },
+    )
     for item in items:  # rows of earlier jobs of these students
         (rows_dir(out) / f"{item['student']}.json").unlink(missing_ok=True)
     script = out / "slurm" / "grade.sbatch"
     script.write_text(job_script())
-    array = _slurm(sbatch_command(script, manifest.resolve(), len(items), target, out.resolve(),
-                                  **sbatch_kw)).strip().split(";")[0]
+    array = (
+        _slurm(
+            sbatch_command(
+                script, manifest.resolve(), len(items), target, out.resolve(), **sbatch_kw
+            )
+        )
+        .strip()
+        .split(";")[0]
+    )
     for i, item in enumerate(items):
-        jobs[item["student"]] = {"job": f"{array}_{i}", "sha256": item["sha256"],
-                                 "target": target.name, "path": item["path"],
-                                 "manifest": str(manifest)}
+        jobs[item["student"]] = {
+            "job": f"{array}_{i}",
+            "sha256": item["sha256"],
+            "target": target.name,
+            "path": item["path"],
+            "manifest": str(manifest),
+        }
     _write_json(jobs_file, jobs)  # at once: an interrupted batch must not submit them twice
-    say(f"submitted {len(items)} job(s) as array {array} "
-        f"({out / 'slurm' / 'logs'}/{array}_N.out)", flush=True)
+    say(
+        f"submitted {len(items)} job(s) as array {array} ({out / 'slurm' / 'logs'}/{array}_N.out)",
+        flush=True,
+    )
 
 
 def _from(row: dict[str, Any] | None, job: dict[str, Any]) -> bool:
@@ -304,9 +429,16 @@ def _from(row: dict[str, Any] | None, job: dict[str, Any]) -> bool:
     return bool(row) and row.get("slurm_job") == job["job"] and row.get("sha256") == job["sha256"]
 
 
-def _wait(watch: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]],
-          target: targets_mod.Target, out: Path, launcher: str, nprocs: int, poll_s: float,
-          say: Callable[..., None]) -> None:
+def _wait(
+    watch: dict[str, dict[str, Any]],
+    rows: dict[str, dict[str, Any]],
+    target: targets_mod.Target,
+    out: Path,
+    launcher: str,
+    nprocs: int,
+    poll_s: float,
+    say: Callable[..., None],
+) -> None:
     """Poll Slurm until every watched job has a row; say what changed."""
     start, shown = time.monotonic(), ""
     total = len(watch) + len(rows)
@@ -323,24 +455,34 @@ def _wait(watch: dict[str, dict[str, Any]], rows: dict[str, dict[str, Any]],
                 if _from(row, job):
                     rows[name] = row
                 else:
-                    rows[name] = killed_row(name, job, target, out, job["job"], state,
-                                            launcher, nprocs)
+                    rows[name] = killed_row(
+                        name, job, target, out, job["job"], state, launcher, nprocs
+                    )
             else:
                 continue
             r = rows[name]
             acc = "" if r["accuracy"] is None else f" {r['accuracy']:.2%}"
             secs = "" if r["seconds"] is None else f" in {r['seconds']:.1f} s"
-            say(f"[{len(rows)}/{total}] {name}: {r['status'].upper()} {r['verdict']}{acc}{secs} "
-                f"(job {job['job']})", flush=True)
-            batch._save(out, rows, target.name)  # noqa: SLF001
-        states = Counter(s.lower() for n, j in watch.items() if n not in rows
-                         for s, _ in [queued.get(j["job"], ("ending", ""))])
+            say(
+                f"[{len(rows)}/{total}] {name}: {r['status'].upper()} {r['verdict']}{acc}{secs} "
+                f"(job {job['job']})",
+                flush=True,
+            )
+            batch._save(out, rows, target.name)
+        states = Counter(
+            s.lower()
+            for n, j in watch.items()
+            if n not in rows
+            for s, _ in [queued.get(j["job"], ("ending", ""))]
+        )
         line = ", ".join(f"{v} {k}" for k, v in sorted(states.items()))
         if not states:
             return
         if line != shown:
-            say(f"slurm: {len(rows)}/{total} done, {line} "
-                f"({time.monotonic() - start:.0f} s)", flush=True)
+            say(
+                f"slurm: {len(rows)}/{total} done, {line} ({time.monotonic() - start:.0f} s)",
+                flush=True,
+            )
             shown = line
         time.sleep(poll_s)
 
@@ -349,8 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m assessment.slurm job MANIFEST INDEX``: what each array task runs."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3 or args[0] != "job":
-        print("usage: python -m assessment.slurm job MANIFEST INDEX "
-              "(run by lab-grade batch --slurm)", file=sys.stderr)
+        print(
+            "usage: python -m assessment.slurm job MANIFEST INDEX (run by lab-grade batch --slurm)",
+            file=sys.stderr,
+        )
         return 3
     grade_one(Path(args[1]), int(args[2]))
     return 0

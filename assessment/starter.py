@@ -34,20 +34,42 @@ VALIDATION_SHARE = 1 / 12  # of the training split (5,000 Fashion-MNIST images),
 
 # What to train on each dataset: a registry model and a plain SGD recipe.
 RECIPES = {
-    "fashion-mnist": {"arch": "fmnist_cnn", "kwargs": {"width": 16}, "epochs": 3,
-                      "batch_size": 64, "lr": 0.05, "augment": False},
-    "cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 64}, "epochs": 16,
-                "batch_size": 256, "lr": 0.2, "augment": True},
-    "synthetic-cifar10": {"arch": "resnet_cifar", "kwargs": {"width": 16}, "epochs": 2,
-                          "batch_size": 64, "lr": 0.05, "augment": True},
+    "fashion-mnist": {
+        "arch": "fmnist_cnn",
+        "kwargs": {"width": 16},
+        "epochs": 3,
+        "batch_size": 64,
+        "lr": 0.05,
+        "augment": False,
+    },
+    "cifar10": {
+        "arch": "resnet_cifar",
+        "kwargs": {"width": 64},
+        "epochs": 16,
+        "batch_size": 256,
+        "lr": 0.2,
+        "augment": True,
+    },
+    "synthetic-cifar10": {
+        "arch": "resnet_cifar",
+        "kwargs": {"width": 16},
+        "epochs": 2,
+        "batch_size": 64,
+        "lr": 0.05,
+        "augment": True,
+    },
 }
 
 
 def parse_args(description: str | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description or __doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="cifar10", choices=sorted(RECIPES))
-    p.add_argument("--budget", type=float, default=None,
-                   help="the target's time budget in seconds (given by the grader)")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="the target's time budget in seconds (given by the grader)",
+    )
     p.add_argument("--epochs", type=int, default=None, help="default: the recipe's")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args()
@@ -59,8 +81,13 @@ def normalise(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.T
 
 
 @torch.no_grad()
-def test_accuracy(model: torch.nn.Module, loader: DataLoader, mean: torch.Tensor,
-                  std: torch.Tensor, device: torch.device) -> float:
+def test_accuracy(
+    model: torch.nn.Module,
+    loader: DataLoader,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    device: torch.device,
+) -> float:
     model.eval()
     correct = total = 0
     for x, y in loader:
@@ -84,19 +111,31 @@ def main() -> None:
     ds = data.load(args.dataset).holdout(VALIDATION_SHARE)
     mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)
     std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
-    train_loader = DataLoader(TensorDataset(ds.x_train, ds.y_train),
-                              batch_size=recipe["batch_size"], shuffle=True, drop_last=True)
+    train_loader = DataLoader(
+        TensorDataset(ds.x_train, ds.y_train),
+        batch_size=recipe["batch_size"],
+        shuffle=True,
+        drop_last=True,
+    )
     val_loader = DataLoader(TensorDataset(ds.x_test, ds.y_test), batch_size=1000)
 
-    model = models.build(recipe["arch"], in_channels=ds.x_train.shape[1],
-                         num_classes=len(ds.classes), **recipe["kwargs"]).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=recipe["lr"], momentum=0.9,
-                                nesterov=True, weight_decay=5e-4)
+    model = models.build(
+        recipe["arch"],
+        in_channels=ds.x_train.shape[1],
+        num_classes=len(ds.classes),
+        **recipe["kwargs"],
+    ).to(device)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=recipe["lr"], momentum=0.9, nesterov=True, weight_decay=5e-4
+    )
     total_steps = epochs * len(train_loader)
     # The learning rate falls linearly to zero over the run (stepped once per batch).
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / total_steps)
-    print(f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, "
-          f"{epochs} epochs of batch {recipe['batch_size']}, on {device}", flush=True)
+    print(
+        f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, "
+        f"{epochs} epochs of batch {recipe['batch_size']}, on {device}",
+        flush=True,
+    )
 
     for epoch in range(epochs):
         for step, (x, y) in enumerate(train_loader):
@@ -109,11 +148,17 @@ def main() -> None:
             optimizer.step()
             schedule.step()
             if step % 100 == 0:
-                print(f"epoch {epoch + 1} step {step}/{len(train_loader)} loss {loss.item():.4f}"
-                      f"  {time.perf_counter() - start:.0f}s", flush=True)
+                print(
+                    f"epoch {epoch + 1} step {step}/{len(train_loader)} loss {loss.item():.4f}"
+                    f"  {time.perf_counter() - start:.0f}s",
+                    flush=True,
+                )
         acc = test_accuracy(model, val_loader, mean, std, device)
-        print(f"epoch {epoch + 1}/{epochs}: validation accuracy {acc:.2%}  "
-              f"{time.perf_counter() - start:.0f}s", flush=True)
+        print(
+            f"epoch {epoch + 1}/{epochs}: validation accuracy {acc:.2%}  "
+            f"{time.perf_counter() - start:.0f}s",
+            flush=True,
+        )
 
     models.save(CHECKPOINT, model)
     print(f"saved {CHECKPOINT} after {time.perf_counter() - start:.0f}s", flush=True)

@@ -77,8 +77,10 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
         return path
     shipped = TARGETS_DIR / f"{text}.toml"
     if not shipped.is_file():
-        raise TargetError(f"no target named {text!r}; shipped targets: {', '.join(available())} "
-                          "(or give the path of a .toml file)")
+        raise TargetError(
+            f"no target named {text!r}; shipped targets: {', '.join(available())} "
+            "(or give the path of a .toml file)"
+        )
     return shipped
 
 
@@ -134,23 +136,41 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
         (grace >= 0, f"grace_s must be >= 0, not {grace}"),
         (processes >= 1, f"processes must be >= 1, not {processes}"),
         (threads is None or threads >= 1, f"threads_per_proc must be >= 0, not {threads}"),
-        (bool(archs) and all(isinstance(a, str) for a in archs),
-         "archs must be a non-empty list of registry names"),
+        (
+            bool(archs) and all(isinstance(a, str) for a in archs),
+            "archs must be a non-empty list of registry names",
+        ),
         (launcher in LAUNCHERS, f"launcher must be one of {', '.join(LAUNCHERS)}"),
         (profile in ("quick", "cpu", "gpu"), f"profile must be quick, cpu or gpu, not {profile!r}"),
         (test_samples is None or test_samples >= 1, "test_samples must be >= 1"),
         (max_mb > 0, "max_checkpoint_mb must be positive"),
         (memory_mb >= 256, "memory_mb must be at least 256"),
         (status in STATUSES, f"status must be one of {', '.join(STATUSES)}"),
-        (data_parallel in DATA_PARALLEL,
-         f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, not {data_parallel!r}"),
+        (
+            data_parallel in DATA_PARALLEL,
+            f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, not {data_parallel!r}",
+        ),
     ]
     for ok, problem in checks:
         if not ok:
             raise TargetError(f"{path}: {problem}")
-    return Target(name=name, dataset=dataset, accuracy=accuracy, budget_s=budget,
-                  processes=processes, archs=archs, grace_s=grace, threads_per_proc=threads,
-                  launcher=launcher, profile=profile, test_samples=test_samples,
-                  max_checkpoint_mb=max_mb, memory_mb=memory_mb, data_parallel=data_parallel,
-                  status=status, description=description,
-                  path=str(path), calibration=calibration)
+    return Target(
+        name=name,
+        dataset=dataset,
+        accuracy=accuracy,
+        budget_s=budget,
+        processes=processes,
+        archs=archs,
+        grace_s=grace,
+        threads_per_proc=threads,
+        launcher=launcher,
+        profile=profile,
+        test_samples=test_samples,
+        max_checkpoint_mb=max_mb,
+        memory_mb=memory_mb,
+        data_parallel=data_parallel,
+        status=status,
+        description=description,
+        path=str(path),
+        calibration=calibration,
+    )

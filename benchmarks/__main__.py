@@ -23,22 +23,42 @@ README = Path(__file__).resolve().parent / "README.md"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks",
-                                description="Measure the labs, the library and the "
-                                            "distributed paths; print a table.")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes, one round: checks the harness works (figures meaningless)")
-    p.add_argument("--only", action="append", choices=list(BENCHMARKS), metavar="NAME",
-                   help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="timed rounds per figure (default: each benchmark's own)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="Measure the labs, the library and the distributed paths; print a table.",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes, one round: checks the harness works (figures meaningless)",
+    )
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=list(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="timed rounds per figure (default: each benchmark's own)",
+    )
     p.add_argument("--json", metavar="PATH", help="also write every result and sample as JSON")
-    p.add_argument("--readme", action="store_true",
-                   help=f"write the table into {README.relative_to(README.parent.parent)} "
-                        "(a full run of every benchmark, live or from --from-json)")
-    p.add_argument("--from-json", nargs="+", metavar="PATH",
-                   help="run nothing: show (and with --readme record) the results saved "
-                        "by earlier --json runs on this machine; later files win")
+    p.add_argument(
+        "--readme",
+        action="store_true",
+        help=f"write the table into {README.relative_to(README.parent.parent)} "
+        "(a full run of every benchmark, live or from --from-json)",
+    )
+    p.add_argument(
+        "--from-json",
+        nargs="+",
+        metavar="PATH",
+        help="run nothing: show (and with --readme record) the results saved "
+        "by earlier --json runs on this machine; later files win",
+    )
     p.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = p.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
@@ -76,8 +96,10 @@ def saved_results(paths: Sequence[str]) -> tuple[dict, list[Report], bool]:
     for path in paths:
         doc_info, reports, doc_quick = read_json(path)
         if info and any(info.get(k) != doc_info.get(k) for k in ("cpu", "logical_cpus", "torch")):
-            raise SystemExit(f"{path} was measured on another machine or torch; "
-                             "combine only results from one set-up")
+            raise SystemExit(
+                f"{path} was measured on another machine or torch; "
+                "combine only results from one set-up"
+            )
         info, quick = doc_info, quick or doc_quick
         by_name.update((r.name, r) for r in reports)
     return info, [by_name[n] for n in BENCHMARKS if n in by_name], quick
@@ -93,8 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         info, reports, quick = saved_results(args.from_json)
         missing = [n for n in BENCHMARKS if n not in {r.name for r in reports}]
         if args.readme and (quick or missing):
-            raise SystemExit("--readme needs full (not --quick) results of every benchmark; "
-                             f"missing: {', '.join(missing) or 'none'}")
+            raise SystemExit(
+                "--readme needs full (not --quick) results of every benchmark; "
+                f"missing: {', '.join(missing) or 'none'}"
+            )
     else:
         quick = args.quick
         settings = Settings(quick=quick, repeats=args.repeats)

@@ -33,12 +33,20 @@ def size_label(nbytes: int) -> str:
 def time_sizes(nprocs: int, sizes: list[int], repeats: int, timeout: float) -> list[dict]:
     """One job with ``nprocs`` ranks timing every size; its per-size records."""
     args = ["--sizes", *map(str, sizes), "--repeats", str(repeats)]
-    result = launch.run(JOB, args, nprocs=nprocs, launcher="torchrun", threads_per_proc=1,
-                        echo=False, timeout=timeout).check()
+    result = launch.run(
+        JOB,
+        args,
+        nprocs=nprocs,
+        launcher="torchrun",
+        threads_per_proc=1,
+        echo=False,
+        timeout=timeout,
+    ).check()
     records = [m for m in result.metrics if m.get("event") == "allreduce"]
     if len(records) != len(sizes):
-        raise RuntimeError(f"expected {len(sizes)} timings, got {len(records)}:\n"
-                           f"{result.output[-2000:]}")
+        raise RuntimeError(
+            f"expected {len(sizes)} timings, got {len(records)}:\n{result.output[-2000:]}"
+        )
     return records
 
 
@@ -55,12 +63,22 @@ def run(settings: Settings) -> Report:
             ratio = median(paired_ratios(rec["ring_s"], rec["gloo_s"]))
             worst_err = max(worst_err, float(rec["max_rel_err"]))
             busbw = 2 * (n - 1) / n * rec["nbytes"] / gloo / 1e6  # what each link carries
-            report.add(f"{n} procs, {size_label(rec['nbytes'])}: ring / Gloo", ratio, "x",
-                       note=f"ring {ring * 1e3:.3g} ms, Gloo {gloo * 1e3:.3g} ms "
-                            f"({busbw:,.0f} MB/s bus), {len(rec['ring_s'])} calls")
+            report.add(
+                f"{n} procs, {size_label(rec['nbytes'])}: ring / Gloo",
+                ratio,
+                "x",
+                note=f"ring {ring * 1e3:.3g} ms, Gloo {gloo * 1e3:.3g} ms "
+                f"({busbw:,.0f} MB/s bus), {len(rec['ring_s'])} calls",
+            )
         report.details[f"{n}_procs"] = records
-    report.add("largest relative difference ring vs Gloo", worst_err, "",
-               target="< 1e-5", met=worst_err < 1e-5)
-    report.notes.append("ring / Gloo > 1 means ours is slower. Bus bandwidth = "
-                        "2 (N-1)/N × size / Gloo's time.")
+    report.add(
+        "largest relative difference ring vs Gloo",
+        worst_err,
+        "",
+        target="< 1e-5",
+        met=worst_err < 1e-5,
+    )
+    report.notes.append(
+        "ring / Gloo > 1 means ours is slower. Bus bandwidth = 2 (N-1)/N × size / Gloo's time."
+    )
     return report

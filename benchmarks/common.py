@@ -25,7 +25,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-class Skip(Exception):  # noqa: N818 - it is a signal, not an error
+class Skip(Exception):
     """Raised by a benchmark that cannot run here (e.g. Horovod is not installed)."""
 
 
@@ -98,8 +98,16 @@ class Report:
     skipped: str = ""  # why it did not run
     error: str = ""  # why it failed
 
-    def add(self, metric: str, value: float | None, unit: str = "", *, target: str = "",
-            met: bool | None = None, note: str = "") -> Row:
+    def add(
+        self,
+        metric: str,
+        value: float | None,
+        unit: str = "",
+        *,
+        target: str = "",
+        met: bool | None = None,
+        note: str = "",
+    ) -> Row:
         row = Row(metric, value, unit, target, met, note)
         self.rows.append(row)
         return row
@@ -136,8 +144,9 @@ def synchronize(device: Any) -> None:
         torch.cuda.synchronize(device)
 
 
-def alternate(contenders: Mapping[str, Callable[[], float | None]], rounds: int,
-              warmup: int = 1) -> dict[str, list[float]]:
+def alternate(
+    contenders: Mapping[str, Callable[[], float | None]], rounds: int, warmup: int = 1
+) -> dict[str, list[float]]:
     """Run every contender once per round, in alternating order, and collect its times.
 
     Each callable either returns the seconds it measured itself (e.g. excluding its
@@ -184,8 +193,10 @@ def _cpu_features() -> str:
     import torch
 
     features = [torch.backends.cpu.get_cpu_capability()]
-    for name, label in (("_is_avx512_bf16_supported", "AVX512-BF16"),
-                        ("_is_amx_tile_supported", "AMX")):
+    for name, label in (
+        ("_is_avx512_bf16_supported", "AVX512-BF16"),
+        ("_is_amx_tile_supported", "AMX"),
+    ):
         if getattr(torch.cpu, name, lambda: False)():
             features.append(label)
     return " + ".join(features)
@@ -193,8 +204,13 @@ def _cpu_features() -> str:
 
 def _git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
@@ -252,10 +268,12 @@ def describe(m: Mapping[str, Any]) -> str:
     """One line naming the machine, for the table's header."""
     cores = f"{m['physical_cores']} cores / {m['logical_cpus']} threads"
     hvd = f", Horovod {m['horovod']}" if m.get("horovod") else ", no Horovod"
-    return (f"{m['cpu']} ({cores}, {m.get('cpu_features') or '?'}, {m['memory_gib']} GiB), "
-            f"torch {m['torch']} "
-            f"with {m['torch_threads']} intra-op threads, device {m['device']}{hvd}, "
-            f"Python {m['python']}, {m['os']}")
+    return (
+        f"{m['cpu']} ({cores}, {m.get('cpu_features') or '?'}, {m['memory_gib']} GiB), "
+        f"torch {m['torch']} "
+        f"with {m['torch_threads']} intra-op threads, device {m['device']}{hvd}, "
+        f"Python {m['python']}, {m['os']}"
+    )
 
 
 def horovod_problem() -> str:
@@ -267,8 +285,9 @@ def horovod_problem() -> str:
     except launch.LaunchError as e:
         return str(e)
     try:
-        out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run(
+            [horovodrun, "--check-build"], capture_output=True, text=True, timeout=120
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return f"horovodrun --check-build failed: {e}"
     if out.returncode != 0 or "[X] PyTorch" not in out.stdout:

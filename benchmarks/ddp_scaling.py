@@ -34,11 +34,19 @@ SCRIPTS = REPO_ROOT / "labs" / "lab2_data_parallel" / "scripts"
 TARGET_SPEEDUP = 1.7
 
 
-def seconds_per_image(script: Path, launcher: str, nprocs: int, args: list[str],
-                      timeout: float) -> float:
+def seconds_per_image(
+    script: Path, launcher: str, nprocs: int, args: list[str], timeout: float
+) -> float:
     """Launch ``script`` and return 1 / (the images per second it reports)."""
-    result = launch.run(script, args, nprocs=nprocs, launcher=launcher, threads_per_proc=1,
-                        echo=False, timeout=timeout).check()
+    result = launch.run(
+        script,
+        args,
+        nprocs=nprocs,
+        launcher=launcher,
+        threads_per_proc=1,
+        echo=False,
+        timeout=timeout,
+    ).check()
     summaries = [m for m in result.metrics if m.get("event") == "summary"]
     if not summaries or not summaries[-1].get("samples_per_s"):
         raise RuntimeError(f"{script.name} reported no throughput:\n{result.output[-2000:]}")
@@ -52,20 +60,50 @@ def run(settings: Settings) -> Report:
             raise Skip(f"{script.relative_to(REPO_ROOT)} does not exist yet")
     report = Report(NAME, TITLE)
     if settings.quick:
-        args = ["--epochs", "1", "--max-steps", "4", "--batch-size", "32", "--width", "8",
-                "--n-train", "512", "--n-test", "128", "--dataset", "fashion-mnist"]
+        args = [
+            "--epochs",
+            "1",
+            "--max-steps",
+            "4",
+            "--batch-size",
+            "32",
+            "--width",
+            "8",
+            "--n-train",
+            "512",
+            "--n-test",
+            "128",
+            "--dataset",
+            "fashion-mnist",
+        ]
         timeout = 120.0
     else:
-        args = ["--epochs", "1", "--max-steps", "60", "--batch-size", "128", "--width", "32",
-                "--n-train", "20000", "--n-test", "1000", "--dataset", "fashion-mnist"]
+        args = [
+            "--epochs",
+            "1",
+            "--max-steps",
+            "60",
+            "--batch-size",
+            "128",
+            "--width",
+            "32",
+            "--n-train",
+            "20000",
+            "--n-test",
+            "1000",
+            "--dataset",
+            "fashion-mnist",
+        ]
         timeout = 600.0
     rounds = settings.rounds(full=3)
 
     def launcher(script: Path, how: str, nprocs: int):
         return lambda: seconds_per_image(script, how, nprocs, args, timeout)
 
-    contenders = {"serial": launcher(serial_script, "python", 1),
-                  "ddp": launcher(ddp_script, "torchrun", 2)}
+    contenders = {
+        "serial": launcher(serial_script, "python", 1),
+        "ddp": launcher(ddp_script, "torchrun", 2),
+    }
     hvd_script = SCRIPTS / "train_horovod.py"
     problem = horovod_problem()
     if not hvd_script.is_file():
@@ -83,17 +121,29 @@ def run(settings: Settings) -> Report:
     lo, hi = spread(ratios)
     report.add("serial script, 1 process", rate("serial"), "img/s")
     report.add("DDP, 2 processes", rate("ddp"), "img/s")
-    report.add("DDP speed-up, 2 vs 1 process", speedup, "x", target=f">= {TARGET_SPEEDUP:g}x",
-               met=speedup >= TARGET_SPEEDUP, note=f"rounds {lo:.2f}..{hi:.2f}x")
+    report.add(
+        "DDP speed-up, 2 vs 1 process",
+        speedup,
+        "x",
+        target=f">= {TARGET_SPEEDUP:g}x",
+        met=speedup >= TARGET_SPEEDUP,
+        note=f"rounds {lo:.2f}..{hi:.2f}x",
+    )
     report.add("DDP scaling efficiency", 100 * speedup / 2, "%")
     if problem:
         report.add("Horovod / DDP throughput, 2 processes", None, "x", note=f"skipped: {problem}")
     else:
         hvd = paired_ratios(times["ddp"], times["horovod"])
         report.add("Horovod, 2 processes", rate("horovod"), "img/s")
-        report.add("Horovod / DDP throughput, 2 processes", median(hvd), "x",
-                   note=f"rounds {min(hvd):.2f}..{max(hvd):.2f}x")
+        report.add(
+            "Horovod / DDP throughput, 2 processes",
+            median(hvd),
+            "x",
+            note=f"rounds {min(hvd):.2f}..{max(hvd):.2f}x",
+        )
     report.details = {"args": args, "rounds": rounds, "seconds_per_image": times}
-    report.notes.append(f"`{' '.join(args)}`; 1 thread per process; median of {rounds} "
-                        "alternating rounds; each run's first step excluded by the script.")
+    report.notes.append(
+        f"`{' '.join(args)}`; 1 thread per process; median of {rounds} "
+        "alternating rounds; each run's first step excluded by the script."
+    )
     return report

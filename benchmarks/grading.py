@@ -34,8 +34,9 @@ def graded_seconds(script: Path, target: targets.Target, launcher: str) -> tuple
     """Grade ``script``; its wall clock and accuracy. Raises if it did not pass."""
     r = grade.grade(script, target, launcher=launcher)
     if r.reason != "passed" or r.elapsed_s is None or r.accuracy is None:
-        raise RuntimeError(f"{script.name} under {launcher} did not pass the widened "
-                           f"target:\n{r.text()}")
+        raise RuntimeError(
+            f"{script.name} under {launcher} did not pass the widened target:\n{r.text()}"
+        )
     return r.elapsed_s, r.accuracy
 
 
@@ -43,20 +44,24 @@ def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     if settings.quick:
         real = targets.load("cpu-cifar-standin")
-        cases = {"reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py",
-                                              "torchrun")}
+        cases = {
+            "reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py", "torchrun")
+        }
     else:
         fashion_mnist()  # skips cleanly when the data is missing
         real = targets.load("cpu-2proc")
-        cases = {"reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py",
-                                              "torchrun"),
-                 "starter (torchrun)": (ASSESSMENT / "starter.py", "torchrun")}
+        cases = {
+            "reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py", "torchrun"),
+            "starter (torchrun)": (ASSESSMENT / "starter.py", "torchrun"),
+        }
         problem = horovod_problem()
         if problem:
             report.notes.append(f"Horovod reference not graded: {problem}")
         else:
             cases["reference Horovod (mpirun)"] = (
-                ASSESSMENT / "solutions" / "reference_horovod.py", "mpirun")
+                ASSESSMENT / "solutions" / "reference_horovod.py",
+                "mpirun",
+            )
     widened = dataclasses.replace(real, budget_s=real.budget_s * 4, grace_s=real.grace_s * 4)
     accuracy: dict[str, float] = {}
 
@@ -65,12 +70,16 @@ def run(settings: Settings) -> Report:
 
         # The serial starter trains alone in each process: it is timed, not judged
         # for data parallelism.
-        target = (dataclasses.replace(widened, data_parallel="warn")
-                  if name.startswith("starter") else widened)
+        target = (
+            dataclasses.replace(widened, data_parallel="warn")
+            if name.startswith("starter")
+            else widened
+        )
 
         def once() -> float:
             seconds, accuracy[name] = graded_seconds(script, target, launcher)
             return seconds
+
         return once
 
     rounds = settings.rounds(full=2)
@@ -83,18 +92,35 @@ def run(settings: Settings) -> Report:
         acc_ok = accuracy[name] >= real.accuracy
         if name.startswith("starter"):
             over = t / budget
-            report.add(f"{name}: time / budget", over, "x", target=f">= {MIN_ROOM:g}x",
-                       met=over >= MIN_ROOM,
-                       note=f"{rounds_note}{t:.1f} s against {budget:g} s; "
-                            f"test accuracy {accuracy[name]:.2%}")
+            report.add(
+                f"{name}: time / budget",
+                over,
+                "x",
+                target=f">= {MIN_ROOM:g}x",
+                met=over >= MIN_ROOM,
+                note=f"{rounds_note}{t:.1f} s against {budget:g} s; "
+                f"test accuracy {accuracy[name]:.2%}",
+            )
         else:
             room = budget / t
-            report.add(f"{name}: budget / time", room, "x", target=f">= {MIN_ROOM:g}x",
-                       met=room >= MIN_ROOM and acc_ok,
-                       note=f"{rounds_note}{t:.1f} s against {budget:g} s; test accuracy "
-                            f"{accuracy[name]:.2%} (needs {real.accuracy:.2%})")
-    report.details = {"target": real.name, "budget_s": budget, "accuracy": real.accuracy,
-                      "seconds": times, "test_accuracy": accuracy}
-    report.notes.append(f"graded with the grader against {real.name} with 4x its budget, so "
-                        f"every run is timed to the end; median of {rounds} alternating rounds.")
+            report.add(
+                f"{name}: budget / time",
+                room,
+                "x",
+                target=f">= {MIN_ROOM:g}x",
+                met=room >= MIN_ROOM and acc_ok,
+                note=f"{rounds_note}{t:.1f} s against {budget:g} s; test accuracy "
+                f"{accuracy[name]:.2%} (needs {real.accuracy:.2%})",
+            )
+    report.details = {
+        "target": real.name,
+        "budget_s": budget,
+        "accuracy": real.accuracy,
+        "seconds": times,
+        "test_accuracy": accuracy,
+    }
+    report.notes.append(
+        f"graded with the grader against {real.name} with 4x its budget, so "
+        f"every run is timed to the end; median of {rounds} alternating rounds."
+    )
     return report

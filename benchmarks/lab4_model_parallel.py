@@ -13,10 +13,34 @@ SCRIPTS = REPO_ROOT / "labs" / "lab4_model_parallel" / "scripts"
 def model_args(quick: bool) -> list[str]:
     """The char transformer and data of a benchmark run."""
     if quick:
-        return ["--d-model", "32", "--layers", "4", "--seq-len", "16", "--batch-size", "8",
-                "--steps", "1", "--n-chars", "20000"]
-    return ["--d-model", "128", "--layers", "4", "--seq-len", "64", "--batch-size", "32",
-            "--steps", "5", "--n-chars", "500000"]
+        return [
+            "--d-model",
+            "32",
+            "--layers",
+            "4",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "8",
+            "--steps",
+            "1",
+            "--n-chars",
+            "20000",
+        ]
+    return [
+        "--d-model",
+        "128",
+        "--layers",
+        "4",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "32",
+        "--steps",
+        "5",
+        "--n-chars",
+        "500000",
+    ]
 
 
 def metrics_of(script: str, args: list[str], nprocs: int, timeout: float) -> list[dict]:
@@ -24,6 +48,13 @@ def metrics_of(script: str, args: list[str], nprocs: int, timeout: float) -> lis
     path = SCRIPTS / script
     if not path.is_file():
         raise Skip(f"{path.relative_to(REPO_ROOT)} does not exist yet")
-    result = launch.run(path, args, nprocs=nprocs, threads_per_proc=1, echo=False,
-                        timeout=timeout, env={"LABS_PROFILE": "quick"}).check()
+    result = launch.run(
+        path,
+        args,
+        nprocs=nprocs,
+        threads_per_proc=1,
+        echo=False,
+        timeout=timeout,
+        env={"LABS_PROFILE": "quick"},
+    ).check()
     return result.metrics

@@ -20,16 +20,30 @@ def run(settings: Settings) -> Report:
     # m must divide the batch: 48 sequences take every m in 1..8 but 5 and 7
     ms = ["1", "2"] if settings.quick else ["1", "2", "3", "4", "6", "8"]
     batch = [] if settings.quick else ["--batch-size", "48"]
-    args = [*model_args(settings.quick), *batch, "--microbatches", *ms,
-            "--repeats", str(settings.rounds(full=3)), "--steps", "1"]
+    args = [
+        *model_args(settings.quick),
+        *batch,
+        "--microbatches",
+        *ms,
+        "--repeats",
+        str(settings.rounds(full=3)),
+        "--steps",
+        "1",
+    ]
     records = metrics_of("pipeline.py", args, nprocs=2, timeout=120 if settings.quick else 600)
     serial = next(r for r in records if r["event"] == "serial")["step_s"]
     runs = [r for r in records if r["event"] == "pipeline"]
     for r in runs:
-        report.add(f"{r['schedule']} m={r['microbatches']}: one process / pipeline step time",
-                   serial / r["step_s"], "x",
-                   note=f"bubble {r['bubble']:.2f} measured, {r['ideal_bubble']:.2f} ideal")
-    report.details = {"args": args, "serial_step_s": serial,
-                      "runs": [{k: v for k, v in r.items() if k != "events"} for r in runs]}
+        report.add(
+            f"{r['schedule']} m={r['microbatches']}: one process / pipeline step time",
+            serial / r["step_s"],
+            "x",
+            note=f"bubble {r['bubble']:.2f} measured, {r['ideal_bubble']:.2f} ideal",
+        )
+    report.details = {
+        "args": args,
+        "serial_step_s": serial,
+        "runs": [{k: v for k, v in r.items() if k != "events"} for r in runs],
+    }
     report.notes.append(f"`{' '.join(args)}`; 2 processes, 1 thread each; best of the timed steps.")
     return report

@@ -24,29 +24,66 @@ def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     m = "4" if settings.quick else "8"
     batch = [] if settings.quick else ["--batch-size", "64"]
-    args = [*model_args(settings.quick), *batch, "--schedules", *SCHEDULES, "--microbatches", m,
-            "--repeats", str(settings.rounds(full=5, quick=1)), "--steps", "1"]
-    runs = {r["schedule"]: r for r in metrics_of("pipeline_schedules.py", args, nprocs=2,
-                                                 timeout=180 if settings.quick else 900)
-            if r["event"] == "schedule"}
+    args = [
+        *model_args(settings.quick),
+        *batch,
+        "--schedules",
+        *SCHEDULES,
+        "--microbatches",
+        m,
+        "--repeats",
+        str(settings.rounds(full=5, quick=1)),
+        "--steps",
+        "1",
+    ]
+    runs = {
+        r["schedule"]: r
+        for r in metrics_of(
+            "pipeline_schedules.py", args, nprocs=2, timeout=180 if settings.quick else 900
+        )
+        if r["event"] == "schedule"
+    }
     base = statistics.median(runs["1f1b"]["samples"])
     for name in SCHEDULES[1:]:
         r = runs[name]
-        report.add(f"{name} (v={r['virtual']}) m={m}: 1F1B / schedule step time",
-                   base / statistics.median(r["samples"]), "x",
-                   note=f"bubble {r['bubble']:.2f} measured, {r['replay_bubble']:.2f} replayed; "
-                        f"1F1B {runs['1f1b']['bubble']:.2f}")
+        report.add(
+            f"{name} (v={r['virtual']}) m={m}: 1F1B / schedule step time",
+            base / statistics.median(r["samples"]),
+            "x",
+            note=f"bubble {r['bubble']:.2f} measured, {r['replay_bubble']:.2f} replayed; "
+            f"1F1B {runs['1f1b']['bubble']:.2f}",
+        )
     seq = ["64"] if settings.quick else ["1024"]
-    cp_args = ["--d-model", "64" if settings.quick else "128", "--seq-len", seq[0], "--seq-lens", *seq,
-               "--repeats", str(settings.rounds(full=5, quick=1))]
-    records = metrics_of("context_parallel.py", cp_args, nprocs=2, timeout=180 if settings.quick else 900)
+    cp_args = [
+        "--d-model",
+        "64" if settings.quick else "128",
+        "--seq-len",
+        seq[0],
+        "--seq-lens",
+        *seq,
+        "--repeats",
+        str(settings.rounds(full=5, quick=1)),
+    ]
+    records = metrics_of(
+        "context_parallel.py", cp_args, nprocs=2, timeout=180 if settings.quick else 900
+    )
     t = next(r for r in records if r["event"] == "ring_time")
     one, ring = statistics.median(t["one_samples"]), statistics.median(t["ring_samples"])
-    report.add(f"ring attention on 2 processes, T={t['seq_len']}: one process / ring "
-               "(forward + backward)", one / ring, "x")
-    report.details = {"schedule_args": args, "context_args": cp_args,
-                      "runs": [{k: v for k, v in r.items() if k not in ("events", "order")}
-                               for r in runs.values()], "ring_time": t}
-    report.notes.append(f"`{' '.join(args)}` and `{' '.join(cp_args)}`; 2 processes, 1 thread each; "
-                        "medians of the interleaved timed steps.")
+    report.add(
+        f"ring attention on 2 processes, T={t['seq_len']}: one process / ring (forward + backward)",
+        one / ring,
+        "x",
+    )
+    report.details = {
+        "schedule_args": args,
+        "context_args": cp_args,
+        "runs": [
+            {k: v for k, v in r.items() if k not in ("events", "order")} for r in runs.values()
+        ],
+        "ring_time": t,
+    }
+    report.notes.append(
+        f"`{' '.join(args)}` and `{' '.join(cp_args)}`; 2 processes, 1 thread each; "
+        "medians of the interleaved timed steps."
+    )
     return report

@@ -19,9 +19,13 @@ KINDS = ("params", "grads", "optimizer")
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     details = {}
-    for n in ([2] if settings.quick else [2, 4]):
-        records = metrics_of("sharded.py", model_args(settings.quick), nprocs=n,
-                             timeout=120 if settings.quick else 600)
+    for n in [2] if settings.quick else [2, 4]:
+        records = metrics_of(
+            "sharded.py",
+            model_args(settings.quick),
+            nprocs=n,
+            timeout=120 if settings.quick else 600,
+        )
         runs = {r["strategy"]: r for r in records if r["event"] == "sharded"}
 
         def largest(name: str, kinds: tuple[str, ...] = KINDS, runs: dict = runs) -> float:
@@ -30,12 +34,24 @@ def run(settings: Settings) -> Report:
         goal = 1 / n + 0.10
         zero = largest("zero1", ("optimizer",)) / largest("ddp", ("optimizer",))
         fsdp = largest("fsdp") / largest("ddp")
-        report.add(f"ZeRO-1 optimizer state / DDP's, N={n}", zero, "x", target=f"<= {goal:.2f}x",
-                   met=zero <= goal)
+        report.add(
+            f"ZeRO-1 optimizer state / DDP's, N={n}",
+            zero,
+            "x",
+            target=f"<= {goal:.2f}x",
+            met=zero <= goal,
+        )
         report.add(f"ZeRO-1 whole state / DDP's, N={n}", largest("zero1") / largest("ddp"), "x")
-        report.add(f"FSDP2 whole state / DDP's, N={n}", fsdp, "x", target=f"<= {goal:.2f}x",
-                   met=fsdp <= goal)
-        report.add(f"FSDP2 / DDP step time, N={n}", runs["fsdp"]["step_s"] / runs["ddp"]["step_s"], "x")
+        report.add(
+            f"FSDP2 whole state / DDP's, N={n}",
+            fsdp,
+            "x",
+            target=f"<= {goal:.2f}x",
+            met=fsdp <= goal,
+        )
+        report.add(
+            f"FSDP2 / DDP step time, N={n}", runs["fsdp"]["step_s"] / runs["ddp"]["step_s"], "x"
+        )
         details[n] = list(runs.values())
     report.details = {"runs": details}
     report.notes.append("Adam in fp32; the largest rank's measured bytes; 1 thread per process.")

@@ -16,12 +16,20 @@ TITLE = "Lab 4 tensor parallelism: step time on 2 processes vs one"
 
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
-    records = metrics_of("tensor_parallel.py", model_args(settings.quick), nprocs=2,
-                         timeout=120 if settings.quick else 600)
+    records = metrics_of(
+        "tensor_parallel.py",
+        model_args(settings.quick),
+        nprocs=2,
+        timeout=120 if settings.quick else 600,
+    )
     train = next(r for r in records if r["event"] == "tp_train")
     report.add("tensor-parallel step, 2 processes", train["step_s"] * 1e3, "ms")
     report.add("one process step", train["one_process_step_s"] * 1e3, "ms")
-    report.add("tensor-parallel / one-process step time", train["step_s"] / train["one_process_step_s"], "x",
-               note=f"weights equal to one process within {train['weights_rel_err']:.1e}")
+    report.add(
+        "tensor-parallel / one-process step time",
+        train["step_s"] / train["one_process_step_s"],
+        "x",
+        note=f"weights equal to one process within {train['weights_rel_err']:.1e}",
+    )
     report.details = {"train": train}
     return report

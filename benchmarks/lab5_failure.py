@@ -25,13 +25,34 @@ TITLE = "Time lost to one killed rank vs checkpoint interval"
 SCRIPT = REPO_ROOT / "labs" / "lab5_systems" / "scripts" / "elastic_train.py"
 
 
-def train(folder: Path, steps: int, interval: int, kill_at: int, timeout: float
-          ) -> tuple[float, dict]:
-    args = ["--steps", str(steps), "--ckpt-every", str(interval), "--ckpt-dir", str(folder),
-            "--out", str(folder / "final.pt"), "--n-train", "5000", "--n-test", "500",
-            "--kill-at", str(kill_at)]
-    result = launch.run(SCRIPT, args, nprocs=2, threads_per_proc=1, echo=False, timeout=timeout,
-                        launcher_args=["--max-restarts=1"]).check()
+def train(
+    folder: Path, steps: int, interval: int, kill_at: int, timeout: float
+) -> tuple[float, dict]:
+    args = [
+        "--steps",
+        str(steps),
+        "--ckpt-every",
+        str(interval),
+        "--ckpt-dir",
+        str(folder),
+        "--out",
+        str(folder / "final.pt"),
+        "--n-train",
+        "5000",
+        "--n-test",
+        "500",
+        "--kill-at",
+        str(kill_at),
+    ]
+    result = launch.run(
+        SCRIPT,
+        args,
+        nprocs=2,
+        threads_per_proc=1,
+        echo=False,
+        timeout=timeout,
+        launcher_args=["--max-restarts=1"],
+    ).check()
     return result.elapsed, torch.load(folder / "final.pt", weights_only=True)["state_dict"]
 
 
@@ -49,14 +70,29 @@ def run(settings: Settings) -> Report:
             same = all(torch.equal(w[k], reference[k]) for w in (clean, killed) for k in reference)
             equal = equal and same
             redone = kill_at % interval if interval <= kill_at else kill_at
-            report.add(f"checkpoint every {interval} steps: time lost", killed_s - clean_s, "s",
-                       note=f"{redone} steps redone; uninterrupted run {clean_s:.1f} s; "
-                            f"resumed weights {'equal' if same else 'DIFFER'}")
-            report.details[str(interval)] = {"clean_s": clean_s, "killed_s": killed_s,
-                                             "redone": redone, "equal": same}
-    report.add("resumed runs equal the uninterrupted run (bitwise)", float(equal), "",
-               target="1", met=equal)
-    report.notes.append(f"{steps} steps on 2 ranks; rank 1 killed at step {kill_at}. The time "
-                        "lost is the restart (new processes, imports, rendezvous, data) plus the "
-                        "steps redone.")
+            report.add(
+                f"checkpoint every {interval} steps: time lost",
+                killed_s - clean_s,
+                "s",
+                note=f"{redone} steps redone; uninterrupted run {clean_s:.1f} s; "
+                f"resumed weights {'equal' if same else 'DIFFER'}",
+            )
+            report.details[str(interval)] = {
+                "clean_s": clean_s,
+                "killed_s": killed_s,
+                "redone": redone,
+                "equal": same,
+            }
+    report.add(
+        "resumed runs equal the uninterrupted run (bitwise)",
+        float(equal),
+        "",
+        target="1",
+        met=equal,
+    )
+    report.notes.append(
+        f"{steps} steps on 2 ranks; rank 1 killed at step {kill_at}. The time "
+        "lost is the restart (new processes, imports, rendezvous, data) plus the "
+        "steps redone."
+    )
     return report

@@ -18,10 +18,22 @@ SCRIPT = REPO_ROOT / "labs" / "lab5_systems" / "scripts" / "hogwild.py"
 
 
 def record(model: str, lock: bool, steps: int, timeout: float) -> dict:
-    args = ["--model", model, "--steps", str(steps), "--workers", "2", "--n-train", "10000",
-            "--n-test", "500", *(["--lock"] if lock else [])]
-    result = launch.run(SCRIPT, args, nprocs=1, launcher="python", echo=False,
-                        timeout=timeout).check()
+    args = [
+        "--model",
+        model,
+        "--steps",
+        str(steps),
+        "--workers",
+        "2",
+        "--n-train",
+        "10000",
+        "--n-test",
+        "500",
+        *(["--lock"] if lock else []),
+    ]
+    result = launch.run(
+        SCRIPT, args, nprocs=1, launcher="python", echo=False, timeout=timeout
+    ).check()
     return next(m for m in result.metrics if m.get("event") == "hogwild")
 
 
@@ -41,9 +53,13 @@ def run(settings: Settings) -> Report:
         ratio = median(paired_ratios(times["lock"], times["free"]))  # = free rate / lock rate
         free, locked = (median(r["updates_per_s"] for r in seen[k]) for k in (False, True))
         collided = median(r["collided_when_overlapping"] for r in seen[False])
-        report.add(f"{model} model: lock-free / locked updates per second", ratio, "x",
-                   note=f"lock-free {free:,.0f}/s, locked {locked:,.0f}/s; overlapping lock-free "
-                        f"writes collided on {collided:.1%} of their weights")
+        report.add(
+            f"{model} model: lock-free / locked updates per second",
+            ratio,
+            "x",
+            note=f"lock-free {free:,.0f}/s, locked {locked:,.0f}/s; overlapping lock-free "
+            f"writes collided on {collided:.1%} of their weights",
+        )
         report.details[model] = {"lock": seen[True], "free": seen[False]}
     report.notes.append("> 1: dropping the lock gave more updates per second.")
     return report

@@ -21,8 +21,9 @@ SCRIPT = REPO_ROOT / "labs" / "lab5_systems" / "scripts" / "param_server.py"
 def summary(mode: str, workers: int, steps: int, timeout: float) -> dict:
     """One job's ``ps_summary`` record."""
     args = ["--mode", mode, "--steps", str(steps), "--n-train", "5000", "--n-test", "500"]
-    result = launch.run(SCRIPT, args, nprocs=1 + workers, threads_per_proc=1, echo=False,
-                        timeout=timeout).check()
+    result = launch.run(
+        SCRIPT, args, nprocs=1 + workers, threads_per_proc=1, echo=False, timeout=timeout
+    ).check()
     return next(m for m in result.metrics if m.get("event") == "ps_summary")
 
 
@@ -42,9 +43,13 @@ def run(settings: Settings) -> Report:
         ratio = median(paired_ratios(times["sync"], times["async"]))  # = async rate / sync rate
         rates = {m: median(s["grads_per_s"] for s in seen[m]) for m in seen}
         stale = median(s["mean_staleness"] for s in seen["async"])
-        report.add(f"{workers} workers: async / sync gradients per second", ratio, "x",
-                   note=f"async {rates['async']:.0f}/s (mean staleness {stale:.2f}), "
-                        f"sync {rates['sync']:.0f}/s, {steps} steps per worker")
+        report.add(
+            f"{workers} workers: async / sync gradients per second",
+            ratio,
+            "x",
+            note=f"async {rates['async']:.0f}/s (mean staleness {stale:.2f}), "
+            f"sync {rates['sync']:.0f}/s, {steps} steps per worker",
+        )
         report.details[f"{workers}_workers"] = seen
     report.notes.append("> 1: the asynchronous server applied more gradients per second.")
     return report

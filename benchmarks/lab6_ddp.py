@@ -24,11 +24,47 @@ SCRIPT = REPO_ROOT / "labs" / "lab6_efficiency" / "scripts" / "ddp_by_hand.py"
 
 def _args(quick: bool) -> list[str]:
     if quick:
-        return ["--d-model", "32", "--layers", "2", "--seq-len", "16", "--batch-size", "8",
-                "--steps", "1", "--n-chars", "20000", "--bucket-kb", "8", "64", "--repeats", "2"]
-    return ["--d-model", "128", "--layers", "4", "--seq-len", "64", "--batch-size", "32",
-            "--steps", "5", "--n-chars", "500000", "--bucket-kb", "32", "8", "128", "512", "2048",
-            "--repeats", "15"]
+        return [
+            "--d-model",
+            "32",
+            "--layers",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "8",
+            "--steps",
+            "1",
+            "--n-chars",
+            "20000",
+            "--bucket-kb",
+            "8",
+            "64",
+            "--repeats",
+            "2",
+        ]
+    return [
+        "--d-model",
+        "128",
+        "--layers",
+        "4",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "32",
+        "--steps",
+        "5",
+        "--n-chars",
+        "500000",
+        "--bucket-kb",
+        "32",
+        "8",
+        "128",
+        "512",
+        "2048",
+        "--repeats",
+        "15",
+    ]
 
 
 def _paired(a: list[float], b: list[float]) -> float:
@@ -40,25 +76,50 @@ def run(settings: Settings) -> Report:
     if not SCRIPT.is_file():
         raise Skip(f"{SCRIPT.relative_to(REPO_ROOT)} does not exist yet")
     report = Report(NAME, TITLE)
-    result = launch.run(SCRIPT, _args(settings.quick), nprocs=2, threads_per_proc=1, echo=False,
-                        timeout=120 if settings.quick else 900,
-                        env={"LABS_PROFILE": "quick"}).check()
+    result = launch.run(
+        SCRIPT,
+        _args(settings.quick),
+        nprocs=2,
+        threads_per_proc=1,
+        echo=False,
+        timeout=120 if settings.quick else 900,
+        env={"LABS_PROFILE": "quick"},
+    ).check()
     eq = next(m for m in result.metrics if m["event"] == "equivalence")
     timing = next(m for m in result.metrics if m["event"] == "timing")
     v = timing["variants"]
-    report.add("hand-made DDP vs DDP: largest relative gradient difference", eq["grad_rel_err"], "",
-               target="<= 1e-6", met=eq["grad_rel_err"] <= 1e-6)
-    report.add(f"overlapped / naive hand-made DDP step, {timing['bucket_kb']:g} KiB buckets",
-               _paired(v["overlapped"], v["naive"]), "x")
-    report.add("hand-made (overlapped) / DistributedDataParallel step",
-               _paired(v["overlapped"], v["DDP"]), "x")
+    report.add(
+        "hand-made DDP vs DDP: largest relative gradient difference",
+        eq["grad_rel_err"],
+        "",
+        target="<= 1e-6",
+        met=eq["grad_rel_err"] <= 1e-6,
+    )
+    report.add(
+        f"overlapped / naive hand-made DDP step, {timing['bucket_kb']:g} KiB buckets",
+        _paired(v["overlapped"], v["naive"]),
+        "x",
+    )
+    report.add(
+        "hand-made (overlapped) / DistributedDataParallel step",
+        _paired(v["overlapped"], v["DDP"]),
+        "x",
+    )
     report.add("all-reduce α (fitted)", timing["alpha_s"] * 1e6, "us")
-    report.add("all-reduce bandwidth 1/β (fitted)", 1 / max(timing["beta_s_per_byte"], 1e-30) / 1e9, "GB/s")
+    report.add(
+        "all-reduce bandwidth 1/β (fitted)", 1 / max(timing["beta_s_per_byte"], 1e-30) / 1e9, "GB/s"
+    )
     caps = timing["caps"]
     measured = min(caps, key=lambda c: statistics.median(c["step_s"]))["bucket_kb"]
     predicted = min(caps, key=lambda c: c["predicted_exposed_s"])["bucket_kb"]
-    report.add("best bucket: predicted by α–β / measured", predicted / measured, "x",
-               note=f"predicted {predicted:g} KiB, measured {measured:g} KiB")
+    report.add(
+        "best bucket: predicted by α–β / measured",
+        predicted / measured,
+        "x",
+        note=f"predicted {predicted:g} KiB, measured {measured:g} KiB",
+    )
     report.details = {"equivalence": eq, "timing": timing}
-    report.notes.append(f"{timing['repeats']} interleaved rounds; 2 processes, 1 thread each, Gloo.")
+    report.notes.append(
+        f"{timing['repeats']} interleaved rounds; 2 processes, 1 thread each, Gloo."
+    )
     return report

@@ -37,8 +37,9 @@ TARGET_SPEEDUP = 5.0
 class PerSampleImages(TorchDataset):
     """uint8 images with the classic per-sample augmentation, one image per call."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, mean: float, std: float,
-                 pad: int = 2) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, mean: float, std: float, pad: int = 2
+    ) -> None:
         self.x, self.y, self.mean, self.std, self.pad = x, y, mean, std, pad
 
     def __len__(self) -> int:
@@ -49,7 +50,7 @@ class PerSampleImages(TorchDataset):
         c, h, w = img.shape
         padded = F.pad(img[None], (self.pad,) * 4, mode="reflect")[0]  # RandomCrop
         top, left = torch.randint(0, 2 * self.pad + 1, (2,)).tolist()
-        img = padded[:, top:top + h, left:left + w]
+        img = padded[:, top : top + h, left : left + w]
         if torch.rand(()) < 0.5:  # RandomHorizontalFlip
             img = img.flip(2)
         return (img - self.mean) / self.std, self.y[i]  # Normalize
@@ -83,11 +84,17 @@ def run(settings: Settings) -> Report:
     tensor_loader = TensorLoader.from_dataset(sub, "train", batch, augment=True, device=device)
     per_sample = PerSampleImages(sub.x_train, sub.y_train, ds.mean[0], ds.std[0])
     loaders = {
-        "DataLoader, 0 workers": DataLoader(per_sample, batch_size=batch, shuffle=True,
-                                            pin_memory=device.type == "cuda"),
-        f"DataLoader, {workers} workers": DataLoader(per_sample, batch_size=batch, shuffle=True,
-                                                     num_workers=workers, persistent_workers=True,
-                                                     pin_memory=device.type == "cuda"),
+        "DataLoader, 0 workers": DataLoader(
+            per_sample, batch_size=batch, shuffle=True, pin_memory=device.type == "cuda"
+        ),
+        f"DataLoader, {workers} workers": DataLoader(
+            per_sample,
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=True,
+            pin_memory=device.type == "cuda",
+        ),
     }
     epoch = {"n": 0}
 
@@ -111,10 +118,17 @@ def run(settings: Settings) -> Report:
     ratios = paired_ratios(best_dl, times["TensorLoader"])
     speedup = median(ratios)
     lo, hi = spread(ratios)
-    report.add("speed-up vs the faster DataLoader", speedup, "x",
-               target=f">= {TARGET_SPEEDUP:g}x", met=speedup >= TARGET_SPEEDUP,
-               note=f"rounds {lo:.1f}..{hi:.1f}x")
+    report.add(
+        "speed-up vs the faster DataLoader",
+        speedup,
+        "x",
+        target=f">= {TARGET_SPEEDUP:g}x",
+        met=speedup >= TARGET_SPEEDUP,
+        note=f"rounds {lo:.1f}..{hi:.1f}x",
+    )
     report.details = {"images": n, "batch_size": batch, "rounds": rounds, "seconds": times}
-    report.notes.append(f"{n} images per round in batches of {batch}, crop+flip+normalise, "
-                        f"onto {device}; median of {rounds} alternating rounds.")
+    report.notes.append(
+        f"{n} images per round in batches of {batch}, crop+flip+normalise, "
+        f"onto {device}; median of {rounds} alternating rounds."
+    )
     return report

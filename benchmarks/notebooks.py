@@ -42,9 +42,13 @@ def execute(path: Path, env: dict[str, str], cell_timeout: float = 600) -> float
     nb.cells = [c for c in nb.cells if not SKIP_TAGS & set(c.get("metadata", {}).get("tags", []))]
     # The kernel's own warnings (e.g. about its local TCP transport) would bury the
     # table; errors still show.
-    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
-                            extra_arguments=["--log-level=ERROR"],
-                            resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(
+        nb,
+        timeout=cell_timeout,
+        kernel_name="python3",
+        extra_arguments=["--log-level=ERROR"],
+        resources={"metadata": {"path": str(path.parent)}},
+    )
     start = time.perf_counter()
     client.execute(env=env)
     return time.perf_counter() - start
@@ -58,8 +62,10 @@ def quick_notebook(folder: Path) -> Path:
     """A two-cell notebook that reads the profile the way the labs do."""
     nb = nbformat.v4.new_notebook()
     nb.cells = [
-        nbformat.v4.new_code_cell("from lab_utils import profile\nP = profile.current()",
-                                  metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell(
+            "from lab_utils import profile\nP = profile.current()",
+            metadata={"tags": ["parameters"]},
+        ),
         nbformat.v4.new_code_cell("assert P.name == 'quick', P\nprint(P)"),
     ]
     path = folder / "harness_check.ipynb"
@@ -71,9 +77,15 @@ def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     found = discover()
     with tempfile.TemporaryDirectory(prefix="bench-notebooks-") as tmp:
-        env = {**os.environ, "LABS_PROFILE": "quick", "LABS_SOLUTIONS": "1",
-               "LABS_RUNS": str(Path(tmp) / "runs"), "PYTHONPATH": os.pathsep.join(
-                   p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        env = {
+            **os.environ,
+            "LABS_PROFILE": "quick",
+            "LABS_SOLUTIONS": "1",
+            "LABS_RUNS": str(Path(tmp) / "runs"),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+        }
         notebooks = [quick_notebook(Path(tmp))] if settings.quick else found
         if not notebooks:
             report.skipped = f"no notebooks under {LABS.relative_to(REPO_ROOT)}"
@@ -103,13 +115,27 @@ def run(settings: Settings) -> Report:
         return report
     passes = [sum(t[i] for t in times.values()) for i in range(rounds)]
     suite = median(passes)
-    label = ("the two-cell check notebook (quick mode)" if settings.quick
-             else f"whole suite, {len(notebooks)} notebooks one after another")
-    report.add(label, suite, "s", target=f"<= {TARGET_SUITE_SECONDS:g} s",
-               met=suite <= TARGET_SUITE_SECONDS,
-               note=f"first run {sum(cold.values()):.0f} s")
-    report.details = {"found": [str(p.relative_to(REPO_ROOT)) for p in found],
-                      "rounds": rounds, "cold_seconds": cold, "seconds": times}
-    report.notes.append(f"{len(found)} notebooks found under labs/; LABS_PROFILE=quick "
-                        f"LABS_SOLUTIONS=1; median of {rounds} passes after a first (cold) pass.")
+    label = (
+        "the two-cell check notebook (quick mode)"
+        if settings.quick
+        else f"whole suite, {len(notebooks)} notebooks one after another"
+    )
+    report.add(
+        label,
+        suite,
+        "s",
+        target=f"<= {TARGET_SUITE_SECONDS:g} s",
+        met=suite <= TARGET_SUITE_SECONDS,
+        note=f"first run {sum(cold.values()):.0f} s",
+    )
+    report.details = {
+        "found": [str(p.relative_to(REPO_ROOT)) for p in found],
+        "rounds": rounds,
+        "cold_seconds": cold,
+        "seconds": times,
+    }
+    report.notes.append(
+        f"{len(found)} notebooks found under labs/; LABS_PROFILE=quick "
+        f"LABS_SOLUTIONS=1; median of {rounds} passes after a first (cold) pass."
+    )
     return report

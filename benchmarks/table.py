@@ -45,9 +45,11 @@ def _status(report: Report) -> str:
 
 def text(machine: dict[str, Any], reports: Sequence[Report], quick: bool) -> str:
     """A plain-text table for the terminal."""
-    lines = [f"Machine: {describe(machine)}",
-             f"Date: {machine['date']}; {_conditions(machine)}"
-             + ("; QUICK MODE (figures are meaningless)" if quick else "")]
+    lines = [
+        f"Machine: {describe(machine)}",
+        f"Date: {machine['date']}; {_conditions(machine)}"
+        + ("; QUICK MODE (figures are meaningless)" if quick else ""),
+    ]
     for i, r in enumerate(reports, 1):
         lines += ["", f"{i}. {r.title}  [{r.name}]"]
         if _status(r):
@@ -55,8 +57,13 @@ def text(machine: dict[str, Any], reports: Sequence[Report], quick: bool) -> str
         width = max([len(row.metric) for row in r.rows] + [20])
         for row in r.rows:
             target = f"target {row.target}" if row.target else ""
-            cells = [f"   {row.metric:<{width}}", f"{row.formatted_value():>16}",
-                     f"{target:<18}", f"{row.status:<6}", row.note]
+            cells = [
+                f"   {row.metric:<{width}}",
+                f"{row.formatted_value():>16}",
+                f"{target:<18}",
+                f"{row.status:<6}",
+                row.note,
+            ]
             lines.append("  ".join(cells).rstrip())
         lines += [f"   {note}" for note in r.notes] + [f"   ({_measured(r)})"]
     return "\n".join(lines)
@@ -68,11 +75,14 @@ def _md_cell(value: str) -> str:
 
 def markdown(machine: dict[str, Any], reports: Sequence[Report], quick: bool) -> str:
     """The results as Markdown: machine and conditions, then one table per benchmark."""
-    out = [f"`python -m benchmarks{' --quick' if quick else ''}` at commit "
-           f"`{machine.get('commit') or '?'}`, {machine['date']} (each benchmark says when it "
-           "ran and how busy the machine was).", "",
-           f"- **Machine:** {describe(machine)}",
-           f"- **Conditions:** {_conditions(machine) or 'unknown'}"]
+    out = [
+        f"`python -m benchmarks{' --quick' if quick else ''}` at commit "
+        f"`{machine.get('commit') or '?'}`, {machine['date']} (each benchmark says when it "
+        "ran and how busy the machine was).",
+        "",
+        f"- **Machine:** {describe(machine)}",
+        f"- **Conditions:** {_conditions(machine) or 'unknown'}",
+    ]
     for i, r in enumerate(reports, 1):
         out += ["", f"### {i}. {r.title}", ""]
         if _status(r):
@@ -81,8 +91,10 @@ def markdown(machine: dict[str, Any], reports: Sequence[Report], quick: bool) ->
             out += ["| measurement | value | target | | note |", "| --- | ---: | --- | --- | --- |"]
             for row in r.rows:
                 status = {"met": "✔", "MISSED": "✘ missed"}.get(row.status, "")
-                out.append(f"| {_md_cell(row.metric)} | {row.formatted_value()} | "
-                           f"{_md_cell(row.target)} | {status} | {_md_cell(row.note)} |")
+                out.append(
+                    f"| {_md_cell(row.metric)} | {row.formatted_value()} | "
+                    f"{_md_cell(row.target)} | {status} | {_md_cell(row.note)} |"
+                )
         out += [""] + [f"- {note}" for note in r.notes] + [f"- {_measured(r)}"]
     return "\n".join(out)
 
@@ -96,8 +108,9 @@ def read_json(path: str | Path) -> tuple[dict[str, Any], list[Report], bool]:
         raise SystemExit(f"{path}: not a results file written by --json ({e})") from e
 
 
-def write_json(path: str | Path, machine: dict[str, Any], reports: Sequence[Report],
-               quick: bool) -> Path:
+def write_json(
+    path: str | Path, machine: dict[str, Any], reports: Sequence[Report], quick: bool
+) -> Path:
     """Everything measured, raw samples included, as one JSON document."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,8 +119,9 @@ def write_json(path: str | Path, machine: dict[str, Any], reports: Sequence[Repo
     return path
 
 
-def update_readme(path: str | Path, machine: dict[str, Any], reports: Sequence[Report],
-                  quick: bool) -> Path:
+def update_readme(
+    path: str | Path, machine: dict[str, Any], reports: Sequence[Report], quick: bool
+) -> Path:
     """Replace the results section of ``path`` (between the two markers) with these."""
     path = Path(path)
     current = path.read_text(encoding="utf-8")

@@ -28,8 +28,9 @@ TITLE = "Trainer step time vs a bare PyTorch loop"
 TARGET_OVERHEAD = 0.03
 
 
-def bare_epoch(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               loader: TensorLoader, epoch: int) -> None:
+def bare_epoch(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: TensorLoader, epoch: int
+) -> None:
     """The loop a student writes by hand: forward, loss, backward, step."""
     loader.set_epoch(epoch)
     model.train()
@@ -77,17 +78,33 @@ def run(settings: Settings) -> Report:
     lo, hi = spread(ratios)
     report.add("bare loop, fmnist_cnn", median(cnn["bare"]) / steps * 1e3, "ms/step")
     report.add("Trainer, fmnist_cnn", median(cnn["trainer"]) / steps * 1e3, "ms/step")
-    report.add("Trainer overhead, fmnist_cnn", 100 * overhead, "%",
-               target=f"<= {100 * TARGET_OVERHEAD:g} %", met=overhead <= TARGET_OVERHEAD,
-               note=f"rounds {100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f} %")
+    report.add(
+        "Trainer overhead, fmnist_cnn",
+        100 * overhead,
+        "%",
+        target=f"<= {100 * TARGET_OVERHEAD:g} %",
+        met=overhead <= TARGET_OVERHEAD,
+        note=f"rounds {100 * (lo - 1):+.1f}..{100 * (hi - 1):+.1f} %",
+    )
 
     lin = compare("linear", {}, loader, rounds)
     extra = [(t - b) / steps for t, b in zip(lin["trainer"], lin["bare"], strict=True)]
-    report.add("Trainer cost per step, linear model", median(extra) * 1e6, "us/step",
-               note=f"bare step {median(lin['bare']) / steps * 1e6:.0f} us")
+    report.add(
+        "Trainer cost per step, linear model",
+        median(extra) * 1e6,
+        "us/step",
+        note=f"bare step {median(lin['bare']) / steps * 1e6:.0f} us",
+    )
 
-    report.details = {"steps_per_epoch": steps, "batch_size": batch, "rounds": rounds,
-                      "fmnist_cnn_seconds": cnn, "linear_seconds": lin}
-    report.notes.append(f"{steps} steps of batch {batch} per round, real Fashion-MNIST, {device}, "
-                        f"{torch.get_num_threads()} threads; median of {rounds} alternating rounds.")
+    report.details = {
+        "steps_per_epoch": steps,
+        "batch_size": batch,
+        "rounds": rounds,
+        "fmnist_cnn_seconds": cnn,
+        "linear_seconds": lin,
+    }
+    report.notes.append(
+        f"{steps} steps of batch {batch} per round, real Fashion-MNIST, {device}, "
+        f"{torch.get_num_threads()} threads; median of {rounds} alternating rounds."
+    )
     return report

@@ -31,50 +31,86 @@ DEFAULTS = {
     "cpu": {"n_train": None, "n_test": None, "epochs": 4},
     "gpu": {"n_train": None, "n_test": None, "epochs": 10},
 }
-DEFAULT_ARCH = {"fashion-mnist": "fmnist_cnn", "cifar10": "resnet_cifar",
-                "synthetic-cifar10": "resnet_cifar"}
+DEFAULT_ARCH = {
+    "fashion-mnist": "fmnist_cnn",
+    "cifar10": "resnet_cifar",
+    "synthetic-cifar10": "resnet_cifar",
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="lab-train", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="fashion-mnist",
-                   choices=["fashion-mnist", "cifar10", "synthetic-cifar10"])
+    p = argparse.ArgumentParser(
+        prog="lab-train",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--dataset",
+        default="fashion-mnist",
+        choices=["fashion-mnist", "cifar10", "synthetic-cifar10"],
+    )
     p.add_argument("--data-root", default=None, help="folder holding the dataset files")
-    p.add_argument("--arch", default=None, help=f"registry model (default per dataset: {DEFAULT_ARCH})")
+    p.add_argument(
+        "--arch", default=None, help=f"registry model (default per dataset: {DEFAULT_ARCH})"
+    )
     p.add_argument("--width", type=int, default=None, help="model width (channels), if it has one")
     p.add_argument("--profile", default=None, choices=list(lprofile.PROFILES))
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=128, help="per process")
     p.add_argument("--lr", type=float, default=0.05, help="for one process; scaled by world size")
-    p.add_argument("--lr-scaling", choices=optim.SCALING_RULES, default="linear",
-                   help="N processes use N × lr (linear, with the warm-up: Lab 3's rule), "
-                        "√N × lr (sqrt) or lr (none)")
+    p.add_argument(
+        "--lr-scaling",
+        choices=optim.SCALING_RULES,
+        default="linear",
+        help="N processes use N × lr (linear, with the warm-up: Lab 3's rule), "
+        "√N × lr (sqrt) or lr (none)",
+    )
     p.add_argument("--no-lr-scaling", action="store_true", help="same as --lr-scaling none")
     p.add_argument("--warmup-epochs", type=float, default=0.5)
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crop + flip (default: on for CIFAR-10)")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                   help="bfloat16 autocast (default: on for a CPU with native bfloat16 "
-                        "instructions, AVX512-BF16 or AMX; off otherwise)")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
-                   help="channels-last memory format for images and weights (faster "
-                        "convolutions with oneDNN on CPUs and with cuDNN)")
+    p.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random crop + flip (default: on for CIFAR-10)",
+    )
+    p.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bfloat16 autocast (default: on for a CPU with native bfloat16 "
+        "instructions, AVX512-BF16 or AMX; off otherwise)",
+    )
+    p.add_argument(
+        "--channels-last",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="channels-last memory format for images and weights (faster "
+        "convolutions with oneDNN on CPUs and with cuDNN)",
+    )
     p.add_argument("--n-train", type=int, default=None, help="use a subset of the training set")
     p.add_argument("--n-test", type=int, default=None)
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--checkpoint", default="checkpoint.pt", help="final model {arch, kwargs, state_dict}")
+    p.add_argument(
+        "--checkpoint", default="checkpoint.pt", help="final model {arch, kwargs, state_dict}"
+    )
     p.add_argument("--resume", default=None, help="resume from an --epoch-checkpoint file")
-    p.add_argument("--epoch-checkpoint", default=None, metavar="PATH",
-                   help="write a resumable checkpoint (model, optimiser, schedule, epoch, RNG) "
-                        "to PATH after every epoch")
+    p.add_argument(
+        "--epoch-checkpoint",
+        default=None,
+        metavar="PATH",
+        help="write a resumable checkpoint (model, optimiser, schedule, epoch, RNG) "
+        "to PATH after every epoch",
+    )
     p.add_argument("--metrics", default=None, help="JSON-lines metrics file")
-    p.add_argument("--eval-every-epoch", action="store_true",
-                   help="also evaluate on the test set after every epoch (val_acc in the metrics)")
+    p.add_argument(
+        "--eval-every-epoch",
+        action="store_true",
+        help="also evaluate on the test set after every epoch (val_acc in the metrics)",
+    )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
     return p.parse_args(argv)
 
@@ -100,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
 
     ds = data.load(args.dataset, root=args.data_root)
-    ds = ds.subset(n_train=args.n_train or defaults["n_train"],
-                   n_test=args.n_test or defaults["n_test"], seed=args.seed)
+    ds = ds.subset(
+        n_train=args.n_train or defaults["n_train"],
+        n_test=args.n_test or defaults["n_test"],
+        seed=args.seed,
+    )
     arch = args.arch or DEFAULT_ARCH[args.dataset]
     kwargs = {"in_channels": ds.x_train.shape[1], "num_classes": len(ds.classes)}
     if args.width is not None:
@@ -112,35 +151,68 @@ def main(argv: list[str] | None = None) -> int:
     bf16 = args.bf16 if args.bf16 is not None else native_bf16(info.device)
     augment = args.augment if args.augment is not None else args.dataset != "fashion-mnist"
 
-    train_loader = TensorLoader.from_dataset(ds, "train", args.batch_size, shuffle=True,
-                                             seed=args.seed, rank=info.rank,
-                                             world_size=info.world_size, augment=augment,
-                                             drop_last=True, device=info.device,
-                                             channels_last=args.channels_last)
-    test_loader = TensorLoader.from_dataset(ds, "test", 1024, shuffle=False, rank=info.rank,
-                                            world_size=info.world_size, even_shards=False,
-                                            device=info.device, channels_last=args.channels_last)
+    train_loader = TensorLoader.from_dataset(
+        ds,
+        "train",
+        args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        rank=info.rank,
+        world_size=info.world_size,
+        augment=augment,
+        drop_last=True,
+        device=info.device,
+        channels_last=args.channels_last,
+    )
+    test_loader = TensorLoader.from_dataset(
+        ds,
+        "test",
+        1024,
+        shuffle=False,
+        rank=info.rank,
+        world_size=info.world_size,
+        even_shards=False,
+        device=info.device,
+        channels_last=args.channels_last,
+    )
     rule = "none" if args.no_lr_scaling else args.lr_scaling
     lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * info.world_size, rule)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=args.momentum,
-                                nesterov=args.momentum > 0, weight_decay=args.weight_decay)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=lr,
+        momentum=args.momentum,
+        nesterov=args.momentum > 0,
+        weight_decay=args.weight_decay,
+    )
     steps = epochs * len(train_loader)
     warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
-    schedule = optim.lambda_lr(optimizer, optim.lr_schedule(  # from the one-process rate
-        steps, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"))
+    schedule = optim.lambda_lr(
+        optimizer,
+        optim.lr_schedule(  # from the one-process rate
+            steps, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"
+        ),
+    )
     net = DDP(model) if info.distributed else model
-    trainer = Trainer(net, optimizer, scheduler=schedule, max_seconds=args.max_seconds,
-                      progress=args.progress, metrics_path=args.metrics,
-                      checkpoint_path=args.epoch_checkpoint,
-                      loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
-                      autocast_dtype=torch.bfloat16 if bf16 else None)
+    trainer = Trainer(
+        net,
+        optimizer,
+        scheduler=schedule,
+        max_seconds=args.max_seconds,
+        progress=args.progress,
+        metrics_path=args.metrics,
+        checkpoint_path=args.epoch_checkpoint,
+        loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
+        autocast_dtype=torch.bfloat16 if bf16 else None,
+    )
     if args.resume:
         trainer.load_checkpoint(args.resume)
-    dist.print0(f"{prof} | {info.launcher} world_size={info.world_size} | {ds.name}: "
-                f"{len(ds.x_train)} train / {len(ds.x_test)} test | {arch} | "
-                f"batch {args.batch_size}x{info.world_size} lr {lr:g} | {epochs} epochs | "
-                f"{'bf16 autocast' if bf16 else 'fp32'}"
-                f"{', channels-last' if args.channels_last else ''}")
+    dist.print0(
+        f"{prof} | {info.launcher} world_size={info.world_size} | {ds.name}: "
+        f"{len(ds.x_train)} train / {len(ds.x_test)} test | {arch} | "
+        f"batch {args.batch_size}x{info.world_size} lr {lr:g} | {epochs} epochs | "
+        f"{'bf16 autocast' if bf16 else 'fp32'}"
+        f"{', channels-last' if args.channels_last else ''}"
+    )
     start = time.perf_counter()
     before = len(trainer.history.epochs)
     trainer.fit(train_loader, epochs, val_loader=test_loader if args.eval_every_epoch else None)
@@ -150,14 +222,24 @@ def main(argv: list[str] | None = None) -> int:
     else:
         result = trainer.evaluate(test_loader)
     seconds = time.perf_counter() - start
-    dist.print0(f"test accuracy {result['acc']:.2%} (loss {result['loss']:.4f}, "
-                f"{result['n']} images) after {trainer.epoch} epochs in {seconds:.1f}s")
+    dist.print0(
+        f"test accuracy {result['acc']:.2%} (loss {result['loss']:.4f}, "
+        f"{result['n']} images) after {trainer.epoch} epochs in {seconds:.1f}s"
+    )
     if info.is_main:
         from . import metrics
 
-        metrics.emit({"event": "final", "test_acc": result["acc"], "test_loss": result["loss"],
-                      "seconds": seconds, "epochs": trainer.epoch, "world_size": info.world_size},
-                     args.metrics)
+        metrics.emit(
+            {
+                "event": "final",
+                "test_acc": result["acc"],
+                "test_loss": result["loss"],
+                "seconds": seconds,
+                "epochs": trainer.epoch,
+                "world_size": info.world_size,
+            },
+            args.metrics,
+        )
         if args.checkpoint:
             Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
             models.save(args.checkpoint, model, test_acc=result["acc"], epochs=trainer.epoch)

@@ -111,8 +111,10 @@ class Comm:
 
     def _check_peer(self, peer: int, verb: str) -> None:
         if not 0 <= peer < self.world_size:
-            raise ValueError(f"rank {self.rank} tried to {verb} rank {peer}, but the group has "
-                             f"ranks 0..{self.world_size - 1}")
+            raise ValueError(
+                f"rank {self.rank} tried to {verb} rank {peer}, but the group has "
+                f"ranks 0..{self.world_size - 1}"
+            )
         if peer == self.rank:
             raise ValueError(f"rank {self.rank} tried to {verb} itself")
 
@@ -140,12 +142,17 @@ class TorchComm(Comm):
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            raise RuntimeError("TorchComm needs a process group: call lab_utils.dist.init() "
-                               "in a script started by torchrun, mpirun or horovodrun")
+            raise RuntimeError(
+                "TorchComm needs a process group: call lab_utils.dist.init() "
+                "in a script started by torchrun, mpirun or horovodrun"
+            )
         self._dist = dist
         self.group = group
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend(group) == "nccl"
+            else torch.device("cpu")
+        )
         super().__init__(dist.get_rank(group), dist.get_world_size(group))
 
     def _isend(self, tensor: torch.Tensor, dst: int) -> Work:
@@ -164,15 +171,17 @@ def gather_traffic(comm: Comm) -> list[Traffic]:
     """Every rank's :class:`Traffic`, on every rank (one small all-reduce)."""
     counts = torch.zeros(comm.world_size, 4, dtype=torch.int64)
     t = comm.traffic
-    counts[comm.rank] = torch.tensor([t.bytes_sent, t.bytes_received, t.messages_sent,
-                                      t.messages_received])
+    counts[comm.rank] = torch.tensor(
+        [t.bytes_sent, t.bytes_received, t.messages_sent, t.messages_received]
+    )
     if isinstance(comm, TorchComm):
         on_device = counts.to(comm.device)
         comm._dist.all_reduce(on_device, group=comm.group)
         counts = on_device.cpu()
     elif comm.world_size > 1:
-        raise TypeError("gather_traffic needs a TorchComm; simulate() returns every rank's "
-                        "traffic already")
+        raise TypeError(
+            "gather_traffic needs a TorchComm; simulate() returns every rank's traffic already"
+        )
     return [Traffic(r, *map(int, row)) for r, row in enumerate(counts.tolist())]
 
 
@@ -181,8 +190,9 @@ class _Mailboxes:
     """One FIFO queue per ordered pair (src, dst), shared by the simulated ranks."""
 
     def __init__(self, world_size: int) -> None:
-        self.boxes = {(s, d): queue.Queue() for s in range(world_size)
-                      for d in range(world_size) if s != d}
+        self.boxes = {
+            (s, d): queue.Queue() for s in range(world_size) for d in range(world_size) if s != d
+        }
         self.abort = threading.Event()
 
 
@@ -207,8 +217,9 @@ class ThreadComm(Comm):
         box = self._mail.boxes[(src, self.rank)]
         while True:
             if self._mail.abort.is_set():
-                raise DeadlockError(f"rank {self.rank} stopped waiting for rank {src}: "
-                                    "another rank failed")
+                raise DeadlockError(
+                    f"rank {self.rank} stopped waiting for rank {src}: another rank failed"
+                )
             try:
                 msg = box.get(timeout=0.05)
                 break
@@ -217,12 +228,14 @@ class ThreadComm(Comm):
                     raise DeadlockError(
                         f"rank {self.rank} waited {self.timeout:g}s for a message from rank "
                         f"{src} that never came: every rank is probably waiting in recv() for "
-                        "another. Post the send (isend) before the matching recv.") from None
+                        "another. Post the send (isend) before the matching recv."
+                    ) from None
         if msg.numel() != tensor.numel() or msg.dtype != tensor.dtype:
             raise ValueError(
                 f"rank {self.rank} received {msg.numel()} {msg.dtype} elements from rank {src} "
                 f"into a buffer of {tensor.numel()} {tensor.dtype}: both sides must agree on "
-                "which chunk is sent at each step")
+                "which chunk is sent at each step"
+            )
         tensor.copy_(msg.view_as(tensor))
 
 
@@ -233,8 +246,9 @@ class Simulated(NamedTuple):
     traffic: list[Traffic]
 
 
-def simulate(fn: Callable[..., Any], inputs: Sequence[Any], *args: Any, timeout: float = 5.0,
-             **kwargs: Any) -> Simulated:
+def simulate(
+    fn: Callable[..., Any], inputs: Sequence[Any], *args: Any, timeout: float = 5.0, **kwargs: Any
+) -> Simulated:
     """Run ``fn(inputs[r], comm, *args, **kwargs)`` for every rank ``r`` in its own thread.
 
     ``len(inputs)`` is the world size; tensors are cloned so ranks share nothing but
@@ -270,8 +284,10 @@ def simulate(fn: Callable[..., Any], inputs: Sequence[Any], *args: Any, timeout:
         raise type(exc)(f"rank {r} of {n}: {exc}") from exc
     pending = [pair for pair, box in mail.boxes.items() if not box.empty()]
     if pending:
-        raise RuntimeError("messages were sent but never received (src → dst): "
-                           + ", ".join(f"{s} → {d}" for s, d in pending))
+        raise RuntimeError(
+            "messages were sent but never received (src → dst): "
+            + ", ".join(f"{s} → {d}" for s, d in pending)
+        )
     return Simulated(outputs, [c.traffic for c in comms])
 
 
@@ -329,11 +345,15 @@ def _check_op(op: str, tensor: torch.Tensor) -> None:
     if op not in _COMBINE:
         raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
     if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise TypeError(f"op='mean' needs a floating-point tensor, not {tensor.dtype}; "
-                        "use op='sum' and divide yourself")
+        raise TypeError(
+            f"op='mean' needs a floating-point tensor, not {tensor.dtype}; "
+            "use op='sum' and divide yourself"
+        )
 
 
-def ring_all_reduce(tensor: torch.Tensor, comm: Comm | None = None, op: str = "sum") -> torch.Tensor:
+def ring_all_reduce(
+    tensor: torch.Tensor, comm: Comm | None = None, op: str = "sum"
+) -> torch.Tensor:
     """All-reduce ``tensor`` over ``comm``'s ranks with the ring algorithm.
 
     Returns a new tensor (``tensor`` itself is unchanged) equal on every rank to what
@@ -355,8 +375,9 @@ def ring_all_reduce(tensor: torch.Tensor, comm: Comm | None = None, op: str = "s
 
 
 # ------------------------------------------------------------------ parameter server
-def server_all_reduce(tensor: torch.Tensor, comm: Comm | None = None, server: int = 0,
-                      op: str = "sum") -> torch.Tensor:
+def server_all_reduce(
+    tensor: torch.Tensor, comm: Comm | None = None, server: int = 0, op: str = "sum"
+) -> torch.Tensor:
     """All-reduce through one central rank: everyone sends to ``server``, which combines
     and sends the result back. Same answer as the ring; the server's link carries
     ``2 (N - 1)`` times the tensor's size."""
@@ -392,8 +413,9 @@ class ParameterServer:
     the same as averaging gradients with an all-reduce; the traffic is not.
     """
 
-    def __init__(self, weights: torch.Tensor, comm: Comm | None = None, lr: float = 0.1,
-                 server: int = 0) -> None:
+    def __init__(
+        self, weights: torch.Tensor, comm: Comm | None = None, lr: float = 0.1, server: int = 0
+    ) -> None:
         self.comm = comm if comm is not None else TorchComm()
         if not 0 <= server < self.comm.world_size:
             raise ValueError(f"server rank {server} is not in a group of {self.comm.world_size}")
@@ -410,8 +432,10 @@ class ParameterServer:
         comm, n = self.comm, self.comm.world_size
         grad = grad.detach().contiguous()
         if grad.shape != self.weights.shape:
-            raise ValueError(f"gradient of shape {tuple(grad.shape)} for weights of shape "
-                             f"{tuple(self.weights.shape)}")
+            raise ValueError(
+                f"gradient of shape {tuple(grad.shape)} for weights of shape "
+                f"{tuple(self.weights.shape)}"
+            )
         if self.is_server:
             total = grad.clone()
             buf = torch.empty_like(grad)

@@ -17,12 +17,23 @@ def start_logged(args: Sequence[str], log: Path, env: Mapping[str, str]) -> subp
     """Start ``args`` with its output in ``log``, in a session of its own: Ctrl-C reaches
     the caller, which stops the daemons in order, not the daemons half-way through a job."""
     with open(log, "wb") as f:
-        return subprocess.Popen(list(args), stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=dict(env), start_new_session=True)
+        return subprocess.Popen(
+            list(args),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            start_new_session=True,
+        )
 
 
-def wait_for(ready: Callable[[], bool], timeout: float, *, check: Callable[[], None] = lambda: None,
-             poll_s: float = 0.3) -> bool:
+def wait_for(
+    ready: Callable[[], bool],
+    timeout: float,
+    *,
+    check: Callable[[], None] = lambda: None,
+    poll_s: float = 0.3,
+) -> bool:
     """Poll ``ready()`` until it is true (``True``) or ``timeout`` passes (``False``);
     ``check()`` runs first each time and raises if waiting is pointless (a daemon died).
     Errors of ``ready`` (a port not open yet, a command that fails) count as not ready."""

@@ -72,8 +72,18 @@ FASHION_MNIST_SHA256 = {
     "t10k-images-idx3-ubyte.gz": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
     "t10k-labels-idx1-ubyte.gz": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
 }
-FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                         "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
 
 CIFAR10_URL = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
@@ -140,15 +150,25 @@ class Dataset:
         """``(C, H, W)`` of one image."""
         return tuple(self.x_train.shape[1:])  # type: ignore[return-value]
 
-    def subset(self, n_train: int | None = None, n_test: int | None = None,
-               seed: int = 0) -> Dataset:
+    def subset(
+        self, n_train: int | None = None, n_test: int | None = None, seed: int = 0
+    ) -> Dataset:
         """A random, reproducible subset of at most ``n_train`` / ``n_test`` images
         (``None`` or more than there are: all of them, shuffled)."""
         gen = torch.Generator().manual_seed(seed)
         x_train, y_train = _take(self.x_train, self.y_train, n_train, gen, "n_train")
         x_test, y_test = _take(self.x_test, self.y_test, n_test, gen, "n_test")
-        return Dataset(self.name, x_train, y_train, x_test, y_test,
-                       self.classes, self.mean, self.std, self.source)
+        return Dataset(
+            self.name,
+            x_train,
+            y_train,
+            x_test,
+            y_test,
+            self.classes,
+            self.mean,
+            self.std,
+            self.source,
+        )
 
     def holdout(self, n: int | float, seed: int = 0) -> Dataset:
         """The training split cut in two: ``n`` random training images (a float: that
@@ -160,17 +180,29 @@ class Dataset:
             raise ValueError(f"holdout n must be in 1..{len(self.x_train) - 1}, got {n}")
         idx = torch.randperm(len(self.x_train), generator=torch.Generator().manual_seed(seed))
         val, train = idx[:n], idx[n:]
-        return Dataset(self.name, self.x_train[train], self.y_train[train], self.x_train[val],
-                       self.y_train[val], self.classes, self.mean, self.std, self.source)
+        return Dataset(
+            self.name,
+            self.x_train[train],
+            self.y_train[train],
+            self.x_train[val],
+            self.y_train[val],
+            self.classes,
+            self.mean,
+            self.std,
+            self.source,
+        )
 
     def __repr__(self) -> str:
-        return (f"Dataset({self.name!r}, train={len(self.x_train)}, test={len(self.x_test)}, "
-                f"image_shape={self.image_shape}, classes={self.num_classes}, "
-                f"source={self.source!r})")
+        return (
+            f"Dataset({self.name!r}, train={len(self.x_train)}, test={len(self.x_test)}, "
+            f"image_shape={self.image_shape}, classes={self.num_classes}, "
+            f"source={self.source!r})"
+        )
 
 
-def _take(x: torch.Tensor, y: torch.Tensor, n: int | None, gen: torch.Generator,
-          what: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _take(
+    x: torch.Tensor, y: torch.Tensor, n: int | None, gen: torch.Generator, what: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     if n is not None and n < 0:
         raise ValueError(f"{what} must be >= 0, got {n}")
     idx = torch.randperm(len(x), generator=gen)[:n]
@@ -236,26 +268,42 @@ def load(name: str, root: str | os.PathLike | None = None, download: bool = True
         raise DataError(_not_found_message(kind, looked, f"the download failed: {e}")) from e
     missing = [f for f in kind.files if not (folder / f).is_file()]
     if missing:  # e.g. a half-filled folder of the user's own in the cache
-        raise DataError(f"{folder}: still missing {', '.join(missing)}; delete the folder and "
-                        "load again.")
+        raise DataError(
+            f"{folder}: still missing {', '.join(missing)}; delete the folder and load again."
+        )
     return _dataset(kind, folder)
 
 
 def _kind(name: str) -> _Kind:
     kinds = {
         "fashion-mnist": _Kind(
-            "fashion-mnist", tuple(FASHION_MNIST_SHA256), ("fashion-mnist", "FashionMNIST/raw"),
-            "fashion-mnist", _read_fashion_mnist, download_fashion_mnist,
+            "fashion-mnist",
+            tuple(FASHION_MNIST_SHA256),
+            ("fashion-mnist", "FashionMNIST/raw"),
+            "fashion-mnist",
+            _read_fashion_mnist,
+            download_fashion_mnist,
             f"the four official .gz files from {FASHION_MNIST_URL} "
-            "(or Debian's package dataset-fashion-mnist)"),
+            "(or Debian's package dataset-fashion-mnist)",
+        ),
         "cifar10": _Kind(
-            "cifar10", tuple(CIFAR10_MD5), (CIFAR10_FOLDER, f"cifar10/{CIFAR10_FOLDER}"),
-            "cifar10", _read_cifar10, download_cifar10,
-            f"the contents of {CIFAR10_FOLDER}/ from {CIFAR10_URL}"),
+            "cifar10",
+            tuple(CIFAR10_MD5),
+            (CIFAR10_FOLDER, f"cifar10/{CIFAR10_FOLDER}"),
+            "cifar10",
+            _read_cifar10,
+            download_cifar10,
+            f"the contents of {CIFAR10_FOLDER}/ from {CIFAR10_URL}",
+        ),
         "synthetic-cifar10": _Kind(
-            "synthetic-cifar10", (*CIFAR10_MD5, SYNTHETIC_MANIFEST), ("synthetic-cifar10",),
-            "synthetic-cifar10", _read_synthetic_cifar10, _generate_into,
-            "a folder written by data.write_synthetic_cifar10()"),
+            "synthetic-cifar10",
+            (*CIFAR10_MD5, SYNTHETIC_MANIFEST),
+            ("synthetic-cifar10",),
+            "synthetic-cifar10",
+            _read_synthetic_cifar10,
+            _generate_into,
+            "a folder written by data.write_synthetic_cifar10()",
+        ),
     }
     if name not in kinds:
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(NAMES)}")
@@ -280,8 +328,7 @@ def _search_folders(kind: _Kind, root: str | os.PathLike | None) -> list[tuple[s
     return folders
 
 
-def _not_found_message(kind: _Kind, looked: list[tuple[str, Path, list[str]]],
-                       reason: str) -> str:
+def _not_found_message(kind: _Kind, looked: list[tuple[str, Path, list[str]]], reason: str) -> str:
     lines = [f"{kind.name}: no complete copy found and {reason}.", "Looked in:"]
     for label, folder, missing in looked:
         state = "no such folder" if not folder.is_dir() else f"missing {', '.join(missing)}"
@@ -330,7 +377,10 @@ def _parse_cached(name: str, folder: Path, stamp: tuple) -> dict[str, Any]:
         try:
             parts = torch.load(cached, weights_only=True)
             parts["classes"], parts["mean"], parts["std"] = (
-                tuple(parts["classes"]), tuple(parts["mean"]), tuple(parts["std"]))
+                tuple(parts["classes"]),
+                tuple(parts["mean"]),
+                tuple(parts["std"]),
+            )
             return parts
         except Exception as e:  # a damaged cache file is rebuilt, never fatal
             warnings.warn(f"ignoring unreadable tensor cache {cached}: {e}", stacklevel=2)
@@ -371,12 +421,15 @@ def read_idx(path: str | os.PathLike, sha256: str | None = None) -> np.ndarray:
     if raw[:2] == b"\x1f\x8b":  # the gzip magic number
         raw = _gunzip(path, raw)
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DataError(f"{path}: not an IDX file (magic number {raw[:4].hex() or 'missing'}, "
-                        "expected 0000 followed by type and rank)")
+        raise DataError(
+            f"{path}: not an IDX file (magic number {raw[:4].hex() or 'missing'}, "
+            "expected 0000 followed by type and rank)"
+        )
     type_code, rank = raw[2], raw[3]
     if type_code != 0x08:
-        raise DataError(f"{path}: IDX type code {type_code:#04x}; only unsigned bytes (0x08) "
-                        "are supported")
+        raise DataError(
+            f"{path}: IDX type code {type_code:#04x}; only unsigned bytes (0x08) are supported"
+        )
     header = 4 + 4 * rank
     if len(raw) < header:
         raise DataError(f"{path}: truncated inside its header ({len(raw)} bytes)")
@@ -386,9 +439,12 @@ def read_idx(path: str | os.PathLike, sha256: str | None = None) -> np.ndarray:
         raise DataError(
             f"{path}: the header declares shape {dims} = {expected} bytes of data but the "
             f"file holds {len(raw) - header}; it is truncated or damaged. Delete it and "
-            "fetch it again.")
+            "fetch it again."
+        )
     if sha256 is not None:
-        _check_digest(path, hashlib.sha256(raw).hexdigest(), sha256, "sha256 of the decompressed bytes")
+        _check_digest(
+            path, hashlib.sha256(raw).hexdigest(), sha256, "sha256 of the decompressed bytes"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -396,35 +452,47 @@ def _gunzip(path: Path, raw: bytes) -> bytes:
     try:
         return gzip.decompress(raw)
     except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{path}: cannot decompress it ({e}); the file is truncated or not a "
-                        "gzip file. Delete it and fetch it again.") from e
+        raise DataError(
+            f"{path}: cannot decompress it ({e}); the file is truncated or not a "
+            "gzip file. Delete it and fetch it again."
+        ) from e
 
 
 def _check_digest(path: Path, actual: str, expected: str, what: str) -> None:
     if actual != expected:
-        raise DataError(f"{path}: checksum mismatch: {what} is {actual}, expected {expected}. "
-                        "The file is corrupted or not the official one; delete it and fetch "
-                        "it again.")
+        raise DataError(
+            f"{path}: checksum mismatch: {what} is {actual}, expected {expected}. "
+            "The file is corrupted or not the official one; delete it and fetch "
+            "it again."
+        )
 
 
 def _read_fashion_mnist(folder: Path) -> dict[str, Any]:
     only_train = _training_only(folder)
-    arrays = {f: read_idx(folder / f, digest) for f, digest in FASHION_MNIST_SHA256.items()
-              if not (only_train and f in TEST_FILES)}
-    parts: dict[str, Any] = {"x_test": torch.empty(0, 1, 28, 28, dtype=torch.uint8),
-                             "y_test": torch.empty(0, dtype=torch.int64)}
+    arrays = {
+        f: read_idx(folder / f, digest)
+        for f, digest in FASHION_MNIST_SHA256.items()
+        if not (only_train and f in TEST_FILES)
+    }
+    parts: dict[str, Any] = {
+        "x_test": torch.empty(0, 1, 28, 28, dtype=torch.uint8),
+        "y_test": torch.empty(0, dtype=torch.int64),
+    }
     for split, prefix in (("train", "train"), ("test", "t10k")):
         if f"{prefix}-images-idx3-ubyte.gz" not in arrays:
             continue
         images = arrays[f"{prefix}-images-idx3-ubyte.gz"]
         labels = arrays[f"{prefix}-labels-idx1-ubyte.gz"]
         if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
-            raise DataError(f"{folder}: {prefix} images {images.shape} and labels "
-                            f"{labels.shape} do not fit together")
+            raise DataError(
+                f"{folder}: {prefix} images {images.shape} and labels "
+                f"{labels.shape} do not fit together"
+            )
         parts[f"x_{split}"] = torch.from_numpy(images.reshape(-1, 1, 28, 28).copy())
         parts[f"y_{split}"] = torch.from_numpy(labels.astype(np.int64))
-    return dict(parts, classes=FASHION_MNIST_CLASSES, mean=FASHION_MNIST_MEAN,
-                std=FASHION_MNIST_STD)
+    return dict(
+        parts, classes=FASHION_MNIST_CLASSES, mean=FASHION_MNIST_MEAN, std=FASHION_MNIST_STD
+    )
 
 
 # --------------------------------------------------------------------------- CIFAR-10 pickles
@@ -432,9 +500,13 @@ class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles containers, numbers, strings and numpy arrays, and nothing else: a
     pickle can run arbitrary code, and these files come from the internet."""
 
-    _ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
-                ("numpy", "ndarray"), ("numpy", "dtype"),
-                ("_codecs", "encode")}  # how Python 3 writes bytes at pickle protocol 2
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }  # how Python 3 writes bytes at pickle protocol 2
 
     def find_class(self, module: str, name: str) -> Any:
         if (module, name) in self._ALLOWED:
@@ -453,9 +525,11 @@ def read_cifar_batch(path: str | os.PathLike, md5: str | None = None) -> dict[st
     try:
         entry = _ArrayUnpickler(io.BytesIO(raw), encoding="bytes").load()
     except Exception as e:  # truncated or foreign pickles fail in many ways
-        raise DataError(f"{path}: cannot read it as a CIFAR-10 pickle ({type(e).__name__}: {e}); "
-                        "it is truncated or not a CIFAR-10 batch. Delete it and fetch it "
-                        "again.") from e
+        raise DataError(
+            f"{path}: cannot read it as a CIFAR-10 pickle ({type(e).__name__}: {e}); "
+            "it is truncated or not a CIFAR-10 batch. Delete it and fetch it "
+            "again."
+        ) from e
     if not isinstance(entry, dict):
         raise DataError(f"{path}: expected a pickled dict, found {type(entry).__name__}")
     if md5 is not None:
@@ -466,14 +540,19 @@ def read_cifar_batch(path: str | os.PathLike, md5: str | None = None) -> dict[st
 def _cifar_images(path: Path, md5: str | None) -> tuple[np.ndarray, np.ndarray]:
     entry = read_cifar_batch(path, md5)
     data, labels = entry.get("data"), entry.get("labels")
-    if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
-            or data.shape[1] != 3 * 32 * 32:
+    if (
+        not isinstance(data, np.ndarray)
+        or data.dtype != np.uint8
+        or data.ndim != 2
+        or data.shape[1] != 3 * 32 * 32
+    ):
         found = getattr(data, "shape", type(data).__name__)
         raise DataError(f"{path}: 'data' must be a uint8 array (N, 3072), found {found}")
     labels = np.asarray(labels if labels is not None else [], dtype=np.int64)
     if labels.shape != (len(data),) or labels.min(initial=0) < 0 or labels.max(initial=0) > 9:
-        raise DataError(f"{path}: 'labels' must hold {len(data)} integers in 0..9, "
-                        f"found shape {labels.shape}")
+        raise DataError(
+            f"{path}: 'labels' must hold {len(data)} integers in 0..9, found shape {labels.shape}"
+        )
     return data.reshape(-1, 3, 32, 32), labels
 
 
@@ -514,16 +593,18 @@ def _read_manifest(path: Path) -> dict[str, str]:
             digest, _, name = line.strip().partition("  ")
             checksums[name] = digest
     only_train = _training_only(path.parent)
-    missing = [f for f in CIFAR10_MD5 if f not in checksums
-               and not (only_train and f in TEST_FILES)]
+    missing = [
+        f for f in CIFAR10_MD5 if f not in checksums and not (only_train and f in TEST_FILES)
+    ]
     if missing:
         raise DataError(f"{path}: no checksum for {', '.join(missing)}")
     return checksums
 
 
 # --------------------------------------------------------------------------- synthetic stand-in
-def write_synthetic_cifar10(folder: str | os.PathLike, n_train: int = 5000, n_test: int = 1000,
-                            seed: int = 0) -> Path:
+def write_synthetic_cifar10(
+    folder: str | os.PathLike, n_train: int = 5000, n_test: int = 1000, seed: int = 0
+) -> Path:
     """Write ``synthetic-cifar10``, a learnable stand-in for CIFAR-10, into ``folder``.
 
     The files have the real ``cifar-10-batches-py`` layout and pickle keys (five
@@ -536,7 +617,9 @@ def write_synthetic_cifar10(folder: str | os.PathLike, n_train: int = 5000, n_te
     Deterministic for a given ``seed``; the default size takes well under 2 s.
     """
     if n_train < len(CIFAR10_TRAIN_BATCHES) or n_test < 1:
-        raise ValueError(f"need n_train >= 5 (five batches) and n_test >= 1, got {n_train}, {n_test}")
+        raise ValueError(
+            f"need n_train >= 5 (five batches) and n_test >= 1, got {n_train}, {n_test}"
+        )
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -549,8 +632,11 @@ def write_synthetic_cifar10(folder: str | os.PathLike, n_train: int = 5000, n_te
     }
     test = np.arange(n_train, n_train + n_test)
     contents["test_batch"] = _batch_dict(images[test], labels[test], "testing batch 1 of 1", test)
-    contents["batches.meta"] = {b"num_cases_per_batch": len(batches[0]), b"num_vis": 3072,
-                                b"label_names": [c.encode() for c in SYNTHETIC_CLASSES]}
+    contents["batches.meta"] = {
+        b"num_cases_per_batch": len(batches[0]),
+        b"num_vis": 3072,
+        b"label_names": [c.encode() for c in SYNTHETIC_CLASSES],
+    }
     lines = []
     for name, content in contents.items():
         raw = pickle.dumps(content, protocol=4)
@@ -561,15 +647,20 @@ def write_synthetic_cifar10(folder: str | os.PathLike, n_train: int = 5000, n_te
     return folder
 
 
-def _batch_dict(images: np.ndarray, labels: np.ndarray, batch_label: str,
-                ids: np.ndarray) -> dict[bytes, Any]:
-    return {b"batch_label": batch_label.encode(), b"labels": labels.tolist(),
-            b"data": images.reshape(len(images), -1),
-            b"filenames": [f"synthetic_{i:06d}.png".encode() for i in ids]}
+def _batch_dict(
+    images: np.ndarray, labels: np.ndarray, batch_label: str, ids: np.ndarray
+) -> dict[bytes, Any]:
+    return {
+        b"batch_label": batch_label.encode(),
+        b"labels": labels.tolist(),
+        b"data": images.reshape(len(images), -1),
+        b"filenames": [f"synthetic_{i:06d}.png".encode() for i in ids],
+    }
 
 
-def _grating_images(labels: np.ndarray, rng: np.random.Generator, noise: float = 0.15
-                    ) -> np.ndarray:
+def _grating_images(
+    labels: np.ndarray, rng: np.random.Generator, noise: float = 0.15
+) -> np.ndarray:
     """uint8 images (N, 3, 32, 32) of the given classes; see write_synthetic_cifar10."""
     n, components = len(labels), 2
     angle = rng.uniform(0, np.pi, (10, components))
@@ -587,8 +678,11 @@ def _grating_images(labels: np.ndarray, rng: np.random.Generator, noise: float =
         ky = (2 * np.pi * freq[labels, k] * np.sin(angle[labels, k])).astype(np.float32)
         kx = (2 * np.pi * freq[labels, k] * np.cos(angle[labels, k])).astype(np.float32)
         phase = rng.uniform(0, 2 * np.pi, n).astype(np.float32)  # a random shift
-        wave = np.cos(ky[:, None, None] * pos[None, :, None] + kx[:, None, None] * pos[None, None, :]
-                      + phase[:, None, None])
+        wave = np.cos(
+            ky[:, None, None] * pos[None, :, None]
+            + kx[:, None, None] * pos[None, None, :]
+            + phase[:, None, None]
+        )
         weight = rng.uniform(0.1, 0.25, (n, 1)).astype(np.float32) * colour[labels, k]
         for c in range(3):
             x[:, c] += weight[:, c, None, None] * wave
@@ -629,8 +723,9 @@ def make_cifar10_archive(folder: str | os.PathLike, archive: str | os.PathLike) 
 
 
 # --------------------------------------------------------------------------- downloads
-def download_fashion_mnist(dest: str | os.PathLike | None = None,
-                           base_url: str = FASHION_MNIST_URL) -> Path:
+def download_fashion_mnist(
+    dest: str | os.PathLike | None = None, base_url: str = FASHION_MNIST_URL
+) -> Path:
     """Download the four Fashion-MNIST files into ``dest`` (default: the cache).
 
     Each file goes to a temporary name, is verified (structure and sha256 of the
@@ -639,13 +734,15 @@ def download_fashion_mnist(dest: str | os.PathLike | None = None,
     dest = Path(dest) if dest is not None else paths.cache_dir() / "fashion-mnist"
     for name, sha256 in FASHION_MNIST_SHA256.items():
         if not (dest / name).is_file():
-            _download(base_url + name, dest / name,
-                      verify=lambda p, digest=sha256: read_idx(p, digest))  # type: ignore[misc]
+            _download(
+                base_url + name, dest / name, verify=lambda p, digest=sha256: read_idx(p, digest)
+            )  # type: ignore[misc]
     return dest
 
 
-def download_cifar10(dest: str | os.PathLike | None = None, url: str = CIFAR10_URL,
-                     md5: str = CIFAR10_ARCHIVE_MD5) -> Path:
+def download_cifar10(
+    dest: str | os.PathLike | None = None, url: str = CIFAR10_URL, md5: str = CIFAR10_ARCHIVE_MD5
+) -> Path:
     """Download and unpack the CIFAR-10 archive; returns ``dest/cifar-10-batches-py``.
 
     The archive is verified against ``md5`` before anything is unpacked; a mismatch
@@ -672,8 +769,13 @@ def download_cifar10(dest: str | os.PathLike | None = None, url: str = CIFAR10_U
     return dest / CIFAR10_FOLDER
 
 
-def _download(url: str, target: Path, *, md5: str | None = None,
-              verify: Callable[[Path], object] | None = None) -> None:
+def _download(
+    url: str,
+    target: Path,
+    *,
+    md5: str | None = None,
+    verify: Callable[[Path], object] | None = None,
+) -> None:
     """Fetch ``url`` to a temporary file beside ``target``, verify, then rename."""
     from tqdm.auto import tqdm
 
@@ -690,9 +792,11 @@ def _download(url: str, target: Path, *, md5: str | None = None,
                     digest.update(chunk)
                     bar.update(len(chunk))
         if md5 is not None and digest.hexdigest() != md5:
-            raise DataError(f"download of {url}: md5 is {digest.hexdigest()}, expected {md5}. "
-                            "The transfer was corrupted or the file changed upstream; nothing "
-                            "was kept.")
+            raise DataError(
+                f"download of {url}: md5 is {digest.hexdigest()}, expected {md5}. "
+                "The transfer was corrupted or the file changed upstream; nothing "
+                "was kept."
+            )
         if verify is not None:
             verify(tmp)
         os.replace(tmp, target)
@@ -701,9 +805,14 @@ def _download(url: str, target: Path, *, md5: str | None = None,
 
 
 # --------------------------------------------------------------------------- regression
-def synthetic_regression(n: int = 1000, d: int = 1, noise: float = 0.1, seed: int = 0,
-                         bias: bool = True, condition_number: float | None = None
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+def synthetic_regression(
+    n: int = 1000,
+    d: int = 1,
+    noise: float = 0.1,
+    seed: int = 0,
+    bias: bool = True,
+    condition_number: float | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Linear-regression data with a known truth: ``y = X @ w_true + b_true + noise·ε``.
 
     Returns ``(X, y, w_true, b_true)`` as float64: ``X`` ``(n, d)``, ``y`` ``(n,)``,
@@ -725,8 +834,9 @@ def synthetic_regression(n: int = 1000, d: int = 1, noise: float = 0.1, seed: in
         if condition_number < 1:
             raise ValueError(f"condition_number must be >= 1, got {condition_number}")
         if d < 2 or n <= d:
-            raise ValueError(f"condition_number needs d >= 2 features and n > d samples, "
-                             f"got n={n}, d={d}")
+            raise ValueError(
+                f"condition_number needs d >= 2 features and n > d samples, got n={n}, d={d}"
+            )
         z = rng.standard_normal((n, d))
         q, _ = np.linalg.qr(z - z.mean(axis=0))  # orthonormal, zero-mean columns
         eigenvalues = np.geomspace(1.0, 1.0 / condition_number, d)
@@ -736,4 +846,3 @@ def synthetic_regression(n: int = 1000, d: int = 1, noise: float = 0.1, seed: in
     b_true = float(rng.standard_normal()) if bias else 0.0
     y = X @ w_true + b_true + noise * rng.standard_normal(n)
     return X, y, w_true, b_true
-

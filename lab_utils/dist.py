@@ -177,11 +177,17 @@ def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
         leave_at_exit()
     le = detect(target)
     if le.launcher == "single":
-        le = LaunchEnv("single", 0, 1, 0, 1, le.master_addr or "127.0.0.1",
-                       le.master_port or _free_port(), "")
-    values = {"RANK": le.rank, "WORLD_SIZE": le.world_size, "LOCAL_RANK": le.local_rank,
-              "LOCAL_WORLD_SIZE": le.local_world_size, "MASTER_ADDR": le.master_addr,
-              "MASTER_PORT": le.master_port}
+        le = LaunchEnv(
+            "single", 0, 1, 0, 1, le.master_addr or "127.0.0.1", le.master_port or _free_port(), ""
+        )
+    values = {
+        "RANK": le.rank,
+        "WORLD_SIZE": le.world_size,
+        "LOCAL_RANK": le.local_rank,
+        "LOCAL_WORLD_SIZE": le.local_world_size,
+        "MASTER_ADDR": le.master_addr,
+        "MASTER_PORT": le.master_port,
+    }
     for name, value in values.items():
         target.setdefault(name, str(value))
     if le.local_world_size == le.world_size:
@@ -199,8 +205,9 @@ def default_timeout_s() -> float:
     return float(os.environ.get("LABS_DIST_TIMEOUT") or DEFAULT_TIMEOUT_S)
 
 
-def init(backend: str | None = None, timeout_s: float | None = None,
-         group_if_alone: bool = False) -> DistInfo:
+def init(
+    backend: str | None = None, timeout_s: float | None = None, group_if_alone: bool = False
+) -> DistInfo:
     """Join the job (idempotent) and return who we are.
 
     A single plain process gets a :class:`DistInfo` with ``world_size == 1`` and no
@@ -225,7 +232,8 @@ def init(backend: str | None = None, timeout_s: float | None = None,
         raise RuntimeError(
             f"{le.local_world_size} ranks on this machine but {torch.cuda.device_count()} "
             "GPU(s): NCCL needs one GPU per rank. Start one process per GPU "
-            "(torchrun --nproc-per-node N), or run on the CPU with CUDA_VISIBLE_DEVICES=''.")
+            "(torchrun --nproc-per-node N), or run on the CPU with CUDA_VISIBLE_DEVICES=''."
+        )
     leave_at_exit()
     if le.world_size == 1:  # a one-rank group needs no rendezvous: an in-process store
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
@@ -239,8 +247,9 @@ def init(backend: str | None = None, timeout_s: float | None = None,
     os.environ.setdefault("MASTER_PORT", str(le.master_port))
     wait = timedelta(seconds=timeout_s or default_timeout_s())
     try:
-        dist.init_process_group(backend, init_method="env://", rank=le.rank,
-                                world_size=le.world_size, timeout=wait)
+        dist.init_process_group(
+            backend, init_method="env://", rank=le.rank, world_size=le.world_size, timeout=wait
+        )
     except Exception as exc:
         raise RuntimeError(
             f"rank {le.rank}/{le.world_size} could not join the {backend} process group at "
@@ -248,8 +257,9 @@ def init(backend: str | None = None, timeout_s: float | None = None,
             f"{exc}. If the port is taken, set MASTER_PORT; if a peer never started, look "
             "at its output above."
         ) from exc
-    _info = DistInfo(le.rank, le.world_size, le.local_rank, le.local_world_size, backend,
-                     device, le.launcher)
+    _info = DistInfo(
+        le.rank, le.world_size, le.local_rank, le.local_world_size, backend, device, le.launcher
+    )
     return _info
 
 
@@ -438,7 +448,9 @@ def _main_frame() -> types.FrameType | None:
     main = sys.modules.get("__main__")
     frame, found = sys._getframe(), None
     while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals is getattr(main, "__dict__", None):
+        if frame.f_code.co_name == "<module>" and frame.f_globals is getattr(
+            main, "__dict__", None
+        ):
             found = frame
         frame = frame.f_back
     return found
@@ -468,6 +480,7 @@ def leave_at_exit() -> None:
             def dropped(_ref: weakref.ref) -> None:  # caught and dropped inside main: not the end
                 if _watch is not None and not _running(_watch.main_frame):
                     _watch.exited = (status,)
+
             _watch.exit_ref = weakref.ref(exc, dropped)
         try:
             raise exc

@@ -41,11 +41,13 @@ class ExerciseNotDone(NotImplementedError):
 
 def how_to_continue(key: str, name: str) -> str:
     """What to do about the exercise ``key`` (function ``name``) that is not done."""
-    return (f"Exercise '{key}' is not done yet: write `{name}` in its cell, run that cell "
-            "again, then the cells after it. Stuck? Run `%env LABS_SOLUTIONS=1` in a cell, "
-            "then re-run the exercise's cell: the reference solution replaces yours "
-            "(restarting the kernel does not change the server's environment; "
-            "`%env LABS_SOLUTIONS=0` and re-running switches back).")
+    return (
+        f"Exercise '{key}' is not done yet: write `{name}` in its cell, run that cell "
+        "again, then the cells after it. Stuck? Run `%env LABS_SOLUTIONS=1` in a cell, "
+        "then re-run the exercise's cell: the reference solution replaces yours "
+        "(restarting the kernel does not change the server's environment; "
+        "`%env LABS_SOLUTIONS=0` and re-running switches back)."
+    )
 
 
 def downstream_hint(error: BaseException) -> str | None:
@@ -60,8 +62,10 @@ def downstream_hint(error: BaseException) -> str | None:
     key = exercise_key_of(name) if isinstance(error, NameError) and name else None
     if key is None:
         return None
-    return (f"`{name}` is an exercise whose cell has not been run yet: run it "
-            "(after writing it), then this cell. " + how_to_continue(key, name))
+    return (
+        f"`{name}` is an exercise whose cell has not been run yet: run it "
+        "(after writing it), then this cell. " + how_to_continue(key, name)
+    )
 
 
 def solution_modules() -> list[str]:
@@ -69,8 +73,11 @@ def solution_modules() -> list[str]:
     (``lab1`` ... and any lab added later), so no list of labs goes stale."""
     from lab_utils import solutions
 
-    return sorted(info.name for info in pkgutil.iter_modules(solutions.__path__)
-                  if not info.name.startswith("_"))
+    return sorted(
+        info.name
+        for info in pkgutil.iter_modules(solutions.__path__)
+        if not info.name.startswith("_")
+    )
 
 
 def exercise_key_of(name: str) -> str | None:
@@ -84,8 +91,11 @@ def exercise_key_of(name: str) -> str | None:
         except ImportError:
             continue
         candidate = getattr(module, name, None)
-        if (not name.startswith("_") and inspect.isfunction(candidate)
-                and candidate.__module__ == module.__name__):
+        if (
+            not name.startswith("_")
+            and inspect.isfunction(candidate)
+            and candidate.__module__ == module.__name__
+        ):
             return f"{lab}.{name}"
     return None
 

@@ -39,8 +39,9 @@ PUBLISHED_PEAKS: dict[str, dict[str, float]] = {
 _DTYPE_KEY = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def published_peak(device_name: str, dtype: torch.dtype = torch.float32,
-                   tf32: bool = False) -> float | None:
+def published_peak(
+    device_name: str, dtype: torch.dtype = torch.float32, tf32: bool = False
+) -> float | None:
     """The data sheet's dense peak FLOP/s of the card called ``device_name`` (as
     ``torch.cuda.get_device_name`` spells it) for ``dtype``; ``None`` when unknown.
     ``tf32=True`` reads fp32 matmuls as TF32 tensor-core work."""
@@ -81,8 +82,9 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu",
-          warmup: int = 1) -> list[float]:
+def timed(
+    fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu", warmup: int = 1
+) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls."""
     for _ in range(warmup):
         fn()
@@ -96,8 +98,12 @@ def timed(fn: Callable[[], object], repeats: int, device: torch.device | str = "
     return samples
 
 
-def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024,
-                device: torch.device | str = "cpu", repeats: int = 5) -> float:
+def matmul_peak(
+    dtype: torch.dtype = torch.float32,
+    n: int = 1024,
+    device: torch.device | str = "cpu",
+    repeats: int = 5,
+) -> float:
     """FLOP/s of an n×n by n×n matrix product (2·n³ FLOPs), from its fastest run:
     the best this machine showed, the denominator of MFU where no data sheet applies."""
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -106,8 +112,9 @@ def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 1024,
     return 2 * n**3 / min(timed(lambda: a @ b, repeats, device))
 
 
-def copy_bandwidth(n_bytes: int = 64 * 2**20, device: torch.device | str = "cpu",
-                   repeats: int = 5) -> float:
+def copy_bandwidth(
+    n_bytes: int = 64 * 2**20, device: torch.device | str = "cpu", repeats: int = 5
+) -> float:
     """Bytes/s of a large copy (it reads and writes ``n_bytes`` each: 2·n_bytes moved),
     from its fastest run."""
     src = torch.ones(n_bytes // 4, device=device)
@@ -126,8 +133,9 @@ def matmul_cost(m: int, k: int, n: int, element_bytes: int = 4) -> tuple[int, in
     return 2 * m * k * n, element_bytes * (m * k + k * n + m * n)
 
 
-def elementwise_cost(numel: int, flops_per_element: int, inputs: int = 1,
-                     element_bytes: int = 4) -> tuple[int, int]:
+def elementwise_cost(
+    numel: int, flops_per_element: int, inputs: int = 1, element_bytes: int = 4
+) -> tuple[int, int]:
     """``(FLOPs, bytes)`` of an element-wise op on ``numel`` elements reading
     ``inputs`` tensors and writing one."""
     return flops_per_element * numel, element_bytes * numel * (inputs + 1)

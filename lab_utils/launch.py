@@ -73,8 +73,11 @@ class LaunchResult:
         """Return ``self`` if the job succeeded, else raise :class:`LaunchError`."""
         if self.ok:
             return self
-        why = (f"timed out after {self.elapsed:.0f}s" if self.timed_out
-               else f"exited with status {self.returncode}")
+        why = (
+            f"timed out after {self.elapsed:.0f}s"
+            if self.timed_out
+            else f"exited with status {self.returncode}"
+        )
         tail = "\n".join(_format(r, t) for r, t in self.lines[-40:])
         raise LaunchError(f"{' '.join(self.command)}\n{why}. Last output:\n{tail}")
 
@@ -114,7 +117,7 @@ class RankDemux:
     def _split(self, chunk: str) -> Iterator[tuple[int | None, str]]:
         pos = 0
         for m in _SEGMENT_TAG.finditer(chunk):
-            yield from self._add(chunk[pos:m.start()])
+            yield from self._add(chunk[pos : m.start()])
             self._last_key = (int(m.group(1)), m.group(2))
             pos = m.end()
         yield from self._add(chunk[pos:])
@@ -140,7 +143,7 @@ class RankDemux:
             rank = key[0]
             m = _LINE_TAG.match(line) if rank is None else None
             if m:
-                rank, line = int(m.group(1)), line[m.end():]
+                rank, line = int(m.group(1)), line[m.end() :]
             yield rank, line.rstrip("\r")
 
 
@@ -151,14 +154,22 @@ def _bin(name: str) -> str:
         return str(here)
     found = shutil.which(name)
     if not found:
-        raise LaunchError(f"{name} is not installed (looked beside {sys.executable} and on PATH). "
-                          "Run `make setup`.")
+        raise LaunchError(
+            f"{name} is not installed (looked beside {sys.executable} and on PATH). "
+            "Run `make setup`."
+        )
     return found
 
 
-def command(launcher: str, nprocs: int, script: str | os.PathLike, args: Sequence[str] = (),
-            launcher_args: Sequence[str] = (), env: Mapping[str, str] | None = None,
-            module: bool = False) -> list[str]:
+def command(
+    launcher: str,
+    nprocs: int,
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    launcher_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    module: bool = False,
+) -> list[str]:
     """The command line that starts ``script`` with ``nprocs`` processes on this machine.
 
     With ``module=True``, ``script`` is a module name run as ``python -m script``.
@@ -172,24 +183,69 @@ def command(launcher: str, nprocs: int, script: str | os.PathLike, args: Sequenc
     py = sys.executable
     if launcher == "torchrun":
         # --standalone picks a free local rendezvous; a multi-node job brings its own.
-        multi = any(a.split("=")[0] in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint",
-                                         "--master-addr", "--master_addr") for a in launcher_args)
+        multi = any(
+            a.split("=")[0]
+            in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr")
+            for a in launcher_args
+        )
         alone = [] if multi else ["--standalone"]
-        return [py, "-m", "torch.distributed.run", *alone, f"--nproc-per-node={nprocs}",
-                "--tee=3", *launcher_args, *target, *args]
+        return [
+            py,
+            "-m",
+            "torch.distributed.run",
+            *alone,
+            f"--nproc-per-node={nprocs}",
+            "--tee=3",
+            *launcher_args,
+            *target,
+            *args,
+        ]
     if launcher == "horovodrun":
-        return [_bin("horovodrun"), "-np", str(nprocs), "-H", f"localhost:{nprocs}", "--gloo",
-                *launcher_args, py, *target, *args]
+        return [
+            _bin("horovodrun"),
+            "-np",
+            str(nprocs),
+            "-H",
+            f"localhost:{nprocs}",
+            "--gloo",
+            *launcher_args,
+            py,
+            *target,
+            *args,
+        ]
     if launcher == "mpirun":
         root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
         exported = []
-        for var in ("MASTER_ADDR", "MASTER_PORT", lmetrics.ENV_VAR, "LABS_PROFILE",
-                    "LABS_DIST_TIMEOUT", "OMP_NUM_THREADS", "PYTHONPATH", "LABS_DATA",
-                    "LABS_CACHE", "LABS_RUNS", "GLOO_SOCKET_IFNAME"):
+        for var in (
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            lmetrics.ENV_VAR,
+            "LABS_PROFILE",
+            "LABS_DIST_TIMEOUT",
+            "OMP_NUM_THREADS",
+            "PYTHONPATH",
+            "LABS_DATA",
+            "LABS_CACHE",
+            "LABS_RUNS",
+            "GLOO_SOCKET_IFNAME",
+        ):
             if var in env:
                 exported += ["-x", var]
-        return [_bin("mpirun"), "-np", str(nprocs), *root, "--oversubscribe", "--bind-to", "none",
-                "--tag-output", *exported, *launcher_args, py, *target, *args]
+        return [
+            _bin("mpirun"),
+            "-np",
+            str(nprocs),
+            *root,
+            "--oversubscribe",
+            "--bind-to",
+            "none",
+            "--tag-output",
+            *exported,
+            *launcher_args,
+            py,
+            *target,
+            *args,
+        ]
     if launcher == "python":
         if nprocs != 1:
             raise ValueError("launcher 'python' runs a single process")
@@ -205,8 +261,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_env(launcher: str, env: Mapping[str, str] | None, threads_per_proc: int | None,
-            timeout: float) -> dict[str, str]:
+def job_env(
+    launcher: str, env: Mapping[str, str] | None, threads_per_proc: int | None, timeout: float
+) -> dict[str, str]:
     """The environment a launched job gets: ours, plus rendezvous and limits."""
     out = dict(os.environ)
     out.update(env or {})
@@ -242,11 +299,20 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         proc.wait()
 
 
-def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
-        launcher: str = "torchrun", timeout: float = 300, env: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike | None = None, echo: bool = True,
-        threads_per_proc: int | None = 1, launcher_args: Sequence[str] = (),
-        module: bool = False) -> LaunchResult:
+def run(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    *,
+    nprocs: int = 2,
+    launcher: str = "torchrun",
+    timeout: float = 300,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    echo: bool = True,
+    threads_per_proc: int | None = 1,
+    launcher_args: Sequence[str] = (),
+    module: bool = False,
+) -> LaunchResult:
     """Run ``script`` with ``nprocs`` processes under ``launcher`` and wait for it.
 
     Args:
@@ -272,9 +338,15 @@ def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
     cmd = command(launcher, nprocs, script, args, launcher_args, job, module)
     result = LaunchResult(command=cmd, returncode=-1, elapsed=0.0)
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "lab_utils.reaper", "--", *cmd],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            cwd=cwd, env=job, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lab_utils.reaper", "--", *cmd],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env=job,
+        start_new_session=True,
+    )
     chunks: queue.Queue[bytes] = queue.Queue()
 
     def pump() -> None:
@@ -299,7 +371,9 @@ def run(script: str | os.PathLike, args: Sequence[str] = (), *, nprocs: int = 2,
             left = timeout - (time.perf_counter() - start)
             if left <= 0:
                 result.timed_out = True
-                take(iter([(None, f"launch: timed out after {timeout:g}s; stopping every process")]))
+                take(
+                    iter([(None, f"launch: timed out after {timeout:g}s; stopping every process")])
+                )
                 _stop(proc)
                 break
             try:

@@ -27,14 +27,19 @@ Augment = Callable[[torch.Tensor], torch.Tensor]
 
 
 # --------------------------------------------------------------------------- augmentation
-def _random_ints(high: int, size: tuple[int, ...], x: torch.Tensor,
-                 generator: torch.Generator | None) -> torch.Tensor:
+def _random_ints(
+    high: int, size: tuple[int, ...], x: torch.Tensor, generator: torch.Generator | None
+) -> torch.Tensor:
     device = generator.device if generator is not None else x.device
     return torch.randint(0, high, size, generator=generator, device=device).to(x.device)
 
 
-def random_crop(x: torch.Tensor, pad: int, padding_mode: str = "reflect",
-                generator: torch.Generator | None = None) -> torch.Tensor:
+def random_crop(
+    x: torch.Tensor,
+    pad: int,
+    padding_mode: str = "reflect",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Random crops of the padded images: each image is shifted by its own random
     offset in ``[-pad, pad]`` along each axis, the gap filled by reflection
     (``"reflect"``, as ``F.pad``) or zeros (``"zeros"``).
@@ -105,25 +110,43 @@ class TensorLoader:
     returns batches in that memory format (faster convolutions on GPUs).
     """
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int, *,
-                 shuffle: bool = True, seed: int = 0, rank: int = 0, world_size: int = 1,
-                 even_shards: bool = True, drop_last: bool = False,
-                 augment: bool | Augment = False, mean: Sequence[float] | None = None,
-                 std: Sequence[float] | None = None, device: torch.device | str | None = None,
-                 channels_last: bool = False, crop_pad: int = 2) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch_size: int,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        even_shards: bool = True,
+        drop_last: bool = False,
+        augment: bool | Augment = False,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        device: torch.device | str | None = None,
+        channels_last: bool = False,
+        crop_pad: int = 2,
+    ) -> None:
         if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor):
             raise TypeError("x and y must be tensors")
         if len(x) != len(y) or len(x) == 0:
-            raise ValueError(f"x and y must hold the same, non-zero number of samples; "
-                             f"got {len(x)} and {len(y)}")
+            raise ValueError(
+                f"x and y must hold the same, non-zero number of samples; got {len(x)} and {len(y)}"
+            )
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+            )
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if (augment or channels_last) and x.dim() != 4:
-            raise ValueError(f"augment and channels_last need images (N, C, H, W), got {tuple(x.shape)}")
+            raise ValueError(
+                f"augment and channels_last need images (N, C, H, W), got {tuple(x.shape)}"
+            )
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         self.device = torch.device(device) if device is not None else x.device
@@ -133,12 +156,18 @@ class TensorLoader:
         self.even_shards, self.drop_last = even_shards, drop_last
         self.channels_last, self.epoch = channels_last, 0
         self.augment: Augment | None = (
-            augment if callable(augment)
-            else (lambda b: random_flip(random_crop(b, crop_pad))) if augment else None)
+            augment
+            if callable(augment)
+            else (lambda b: random_flip(random_crop(b, crop_pad)))
+            if augment
+            else None
+        )
         self._scale, self._shift = self._normaliser(mean, std)
         if len(self) == 0 and self.num_samples > 0:  # (an empty evaluation shard is fine)
-            raise ValueError(f"no batches: rank {rank} holds {self.num_samples} samples, fewer "
-                             f"than batch_size={batch_size} with drop_last=True")
+            raise ValueError(
+                f"no batches: rank {rank} holds {self.num_samples} samples, fewer "
+                f"than batch_size={batch_size} with drop_last=True"
+            )
 
     @classmethod
     def from_dataset(cls, ds: Any, split: str, batch_size: int, **kw: Any) -> TensorLoader:
@@ -153,16 +182,19 @@ class TensorLoader:
             defaults.update(shuffle=False, even_shards=False)
         return cls(x, y, batch_size, **{**defaults, **kw})
 
-    def _normaliser(self, mean: Sequence[float] | None, std: Sequence[float] | None
-                    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _normaliser(
+        self, mean: Sequence[float] | None, std: Sequence[float] | None
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``x * scale - shift`` equals ``(x / 255 - mean) / std`` for uint8 input."""
         to_unit = 1 / 255 if self.x.dtype == torch.uint8 else 1.0
         if mean is None or std is None:
             return (torch.tensor(to_unit, device=self.device) if to_unit != 1.0 else None), None
         channels = self.x.shape[1] if self.x.dim() >= 2 else 1
         if len(mean) != channels or len(std) != channels or min(std) <= 0:
-            raise ValueError(f"mean and std need {channels} entries (one per channel, std > 0), "
-                             f"got mean={tuple(mean)}, std={tuple(std)}")
+            raise ValueError(
+                f"mean and std need {channels} entries (one per channel, std > 0), "
+                f"got mean={tuple(mean)}, std={tuple(std)}"
+            )
         shape = (1, channels) + (1,) * max(self.x.dim() - 2, 0)
         m = torch.tensor(mean, dtype=torch.float32, device=self.device).reshape(shape)
         s = torch.tensor(std, dtype=torch.float32, device=self.device).reshape(shape)
@@ -186,7 +218,7 @@ class TensorLoader:
         if self.even_shards:
             padded = math.ceil(n / self.world_size) * self.world_size
             order = order[torch.arange(padded) % n]  # wrap round, as DistributedSampler
-        return order[self.rank::self.world_size]
+        return order[self.rank :: self.world_size]
 
     @property
     def num_samples(self) -> int:
@@ -205,7 +237,7 @@ class TensorLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self.indices().to(self.device)
         for b in range(len(self)):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
+            idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             yield self._prepare(self.x[idx]), self.y[idx]
 
     def _prepare(self, xb: torch.Tensor) -> torch.Tensor:
@@ -221,7 +253,9 @@ class TensorLoader:
         return xb
 
     def __repr__(self) -> str:
-        return (f"TensorLoader(n={len(self.x)}, batch_size={self.batch_size}, "
-                f"batches={len(self)}, rank={self.rank}/{self.world_size}, "
-                f"shuffle={self.shuffle}, even_shards={self.even_shards}, "
-                f"augment={self.augment is not None}, device={self.device})")
+        return (
+            f"TensorLoader(n={len(self.x)}, batch_size={self.batch_size}, "
+            f"batches={len(self)}, rank={self.rank}/{self.world_size}, "
+            f"shuffle={self.shuffle}, even_shards={self.even_shards}, "
+            f"augment={self.augment is not None}, device={self.device})"
+        )

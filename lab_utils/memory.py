@@ -37,16 +37,22 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of this rank's optimizer state tensors (momentum, Adam moments, ...).
     Scalar step counters are left out: they are not per parameter."""
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard's
-    return tensor_bytes(v for s in inner.state.values() for v in s.values()
-                        if torch.is_tensor(v) and _local(v).dim() > 0)
+    return tensor_bytes(
+        v
+        for s in inner.state.values()
+        for v in s.values()
+        if torch.is_tensor(v) and _local(v).dim() > 0
+    )
 
 
 def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state held by this rank."""
     params = list(model.parameters())
-    return {"params": tensor_bytes(params),
-            "grads": tensor_bytes(p.grad for p in params),
-            "optimizer": optimizer_bytes(optimizer) if optimizer is not None else 0}
+    return {
+        "params": tensor_bytes(params),
+        "grads": tensor_bytes(p.grad for p in params),
+        "optimizer": optimizer_bytes(optimizer) if optimizer is not None else 0,
+    }
 
 
 class SavedTensorCounter:
@@ -80,8 +86,9 @@ def activation_bytes(fn: Callable[[], torch.Tensor], exclude: Iterable[torch.Ten
     return counter.bytes
 
 
-def zero_bytes_per_rank(psi: int, n: int, stage: int, k: int = 8,
-                        param_bytes: int = 4, grad_bytes: int = 4) -> dict[str, float]:
+def zero_bytes_per_rank(
+    psi: int, n: int, stage: int, k: int = 8, param_bytes: int = 4, grad_bytes: int = 4
+) -> dict[str, float]:
     """Per-rank bytes of the ZeRO paper (Rajbhandari et al. 2020, Fig. 1) for
     ``psi`` parameters on ``n`` ranks, ``k`` optimizer bytes per parameter.
 
@@ -92,9 +99,11 @@ def zero_bytes_per_rank(psi: int, n: int, stage: int, k: int = 8,
         raise ValueError(f"ZeRO stage must be 0..3, got {stage}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    return {"params": param_bytes * psi / (n if stage >= 3 else 1),
-            "grads": grad_bytes * psi / (n if stage >= 2 else 1),
-            "optimizer": k * psi / (n if stage >= 1 else 1)}
+    return {
+        "params": param_bytes * psi / (n if stage >= 3 else 1),
+        "grads": grad_bytes * psi / (n if stage >= 2 else 1),
+        "optimizer": k * psi / (n if stage >= 1 else 1),
+    }
 
 
 def peak_cuda_bytes(device: torch.device) -> int | None:

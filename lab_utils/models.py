@@ -134,8 +134,10 @@ def checkpoint(model: nn.Module, **extra: Any) -> dict[str, Any]:
     net = unwrap(model)
     spec = getattr(net, "arch_spec", None)
     if spec is None:
-        raise ValueError("this model was not made by lab_utils.models.build(), so its "
-                         "architecture is unknown; build it by name to checkpoint it")
+        raise ValueError(
+            "this model was not made by lab_utils.models.build(), so its "
+            "architecture is unknown; build it by name to checkpoint it"
+        )
     clash = sorted(set(extra) & set(_CHECKPOINT_KEYS))
     if clash:
         raise ValueError(f"extra entries may not be named {', '.join(clash)}")
@@ -156,8 +158,10 @@ def _check_plain(value: Any, where: str) -> None:
             _check_plain(key, where)
             _check_plain(item, where)
     else:
-        raise ValueError(f"{where}: {value!r} ({type(value).__name__}) cannot be stored in a "
-                         "weights-only checkpoint; use numbers, strings, booleans or tuples")
+        raise ValueError(
+            f"{where}: {value!r} ({type(value).__name__}) cannot be stored in a "
+            "weights-only checkpoint; use numbers, strings, booleans or tuples"
+        )
 
 
 def save(path: str | os.PathLike, model: nn.Module, **extra: Any) -> Path:
@@ -192,25 +196,32 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict[
         raise CheckpointError(
             f"{path}: refused to load: it holds Python objects other than tensors and plain "
             f"containers, and weights-only loading does not run them ({reason}). Save "
-            "checkpoints with lab_utils.models.save().") from e
+            "checkpoints with lab_utils.models.save()."
+        ) from e
     except Exception as e:  # zip, pickle and storage errors all mean "not a checkpoint"
-        raise CheckpointError(f"{path}: not a readable PyTorch checkpoint "
-                              f"({type(e).__name__}: {e})") from e
+        raise CheckpointError(
+            f"{path}: not a readable PyTorch checkpoint ({type(e).__name__}: {e})"
+        ) from e
     if not isinstance(obj, dict):
-        raise CheckpointError(f"{path}: expected a dict with keys arch, kwargs, state_dict; "
-                              f"found {type(obj).__name__}")
+        raise CheckpointError(
+            f"{path}: expected a dict with keys arch, kwargs, state_dict; "
+            f"found {type(obj).__name__}"
+        )
     missing = [k for k in _CHECKPOINT_KEYS if k not in obj]
     if missing:
         hint = ""
         if obj and all(isinstance(v, torch.Tensor) for v in obj.values()):
-            hint = (" It looks like a bare model.state_dict(); save with "
-                    "lab_utils.models.save(path, model) so the architecture is recorded.")
+            hint = (
+                " It looks like a bare model.state_dict(); save with "
+                "lab_utils.models.save(path, model) so the architecture is recorded."
+            )
         raise CheckpointError(f"{path}: missing {', '.join(missing)}.{hint}")
     state = obj["state_dict"]
     if not isinstance(obj["arch"], str) or not isinstance(obj["kwargs"], dict):
         raise CheckpointError(f"{path}: 'arch' must be a string and 'kwargs' a dict")
     if not isinstance(state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()):
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
         raise CheckpointError(f"{path}: 'state_dict' must map parameter names to tensors")
     return obj
 
@@ -233,8 +244,10 @@ def load(path: str | os.PathLike, map_location: Any = "cpu") -> nn.Module:
     ckpt = read_checkpoint(path, map_location)
     arch, kwargs = ckpt["arch"], ckpt["kwargs"]
     if arch not in _REGISTRY:
-        raise CheckpointError(f"{path}: unknown architecture {arch!r}; registered: "
-                              f"{', '.join(names())} (import the module that registers it)")
+        raise CheckpointError(
+            f"{path}: unknown architecture {arch!r}; registered: "
+            f"{', '.join(names())} (import the module that registers it)"
+        )
     try:
         model = build(arch, **kwargs)
     except (TypeError, ValueError) as e:
@@ -242,8 +255,9 @@ def load(path: str | os.PathLike, map_location: Any = "cpu") -> nn.Module:
     try:
         model.load_state_dict(ckpt["state_dict"])
     except RuntimeError as e:
-        raise CheckpointError(f"{path}: the weights do not fit {arch}({_format_kwargs(kwargs)}): "
-                              f"{e}") from e
+        raise CheckpointError(
+            f"{path}: the weights do not fit {arch}({_format_kwargs(kwargs)}): {e}"
+        ) from e
     if isinstance(map_location, str | torch.device):
         model.to(map_location)
     return model.eval()
@@ -256,8 +270,9 @@ def _format_kwargs(kwargs: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- building blocks
 def _check_input(x: torch.Tensor, shape: tuple[int, ...], model: str) -> None:
     if x.dim() != 4 or tuple(x.shape[1:]) != shape:
-        raise ValueError(f"{model} expects images (N, {', '.join(map(str, shape))}), "
-                         f"got {tuple(x.shape)}")
+        raise ValueError(
+            f"{model} expects images (N, {', '.join(map(str, shape))}), got {tuple(x.shape)}"
+        )
 
 
 def _conv_block(c_in: int, c_out: int, batch_norm: bool) -> nn.Sequential:
@@ -299,8 +314,13 @@ class LinearClassifier(nn.Module):
 class MLP(nn.Module):
     """Fully connected network on the flattened pixels: ``hidden`` sizes, ReLU between."""
 
-    def __init__(self, in_channels: int = 1, image_size: int = 28, num_classes: int = 10,
-                 hidden: Sequence[int] = (256, 128)) -> None:
+    def __init__(
+        self,
+        in_channels: int = 1,
+        image_size: int = 28,
+        num_classes: int = 10,
+        hidden: Sequence[int] = (256, 128),
+    ) -> None:
         super().__init__()
         self.input_shape = (in_channels, image_size, image_size)
         sizes = [math.prod(self.input_shape), *hidden]
@@ -324,13 +344,21 @@ class FashionCNN(nn.Module):
     equal the large-batch ones exactly.
     """
 
-    def __init__(self, in_channels: int = 1, image_size: int = 28, num_classes: int = 10,
-                 width: int = 16, batch_norm: bool = True) -> None:
+    def __init__(
+        self,
+        in_channels: int = 1,
+        image_size: int = 28,
+        num_classes: int = 10,
+        width: int = 16,
+        batch_norm: bool = True,
+    ) -> None:
         super().__init__()
         self.input_shape = (in_channels, image_size, image_size)
         self.features = nn.Sequential(
-            _conv_block(in_channels, width, batch_norm), nn.MaxPool2d(2),
-            _conv_block(width, 2 * width, batch_norm), nn.MaxPool2d(2),
+            _conv_block(in_channels, width, batch_norm),
+            nn.MaxPool2d(2),
+            _conv_block(width, 2 * width, batch_norm),
+            nn.MaxPool2d(2),
             _conv_block(2 * width, 4 * width, batch_norm),
         )
         side = image_size // 4
@@ -352,21 +380,34 @@ class ResNetCIFAR(nn.Module):
     ``logit_scale`` (a fixed temperature that lets it train at high learning rates).
     """
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, width: int = 64,
-                 batch_norm: bool = True, logit_scale: float = 0.125) -> None:
+    def __init__(
+        self,
+        in_channels: int = 3,
+        num_classes: int = 10,
+        width: int = 64,
+        batch_norm: bool = True,
+        logit_scale: float = 0.125,
+    ) -> None:
         super().__init__()
         w = width
 
         def residual(c: int) -> _Residual:
-            return _Residual(nn.Sequential(_conv_block(c, c, batch_norm),
-                                           _conv_block(c, c, batch_norm)))
+            return _Residual(
+                nn.Sequential(_conv_block(c, c, batch_norm), _conv_block(c, c, batch_norm))
+            )
 
         self.features = nn.Sequential(
             _conv_block(in_channels, w, batch_norm),
-            _conv_block(w, 2 * w, batch_norm), nn.MaxPool2d(2), residual(2 * w),
-            _conv_block(2 * w, 4 * w, batch_norm), nn.MaxPool2d(2),
-            _conv_block(4 * w, 8 * w, batch_norm), nn.MaxPool2d(2), residual(8 * w),
-            nn.AdaptiveMaxPool2d(1), nn.Flatten(),
+            _conv_block(w, 2 * w, batch_norm),
+            nn.MaxPool2d(2),
+            residual(2 * w),
+            _conv_block(2 * w, 4 * w, batch_norm),
+            nn.MaxPool2d(2),
+            _conv_block(4 * w, 8 * w, batch_norm),
+            nn.MaxPool2d(2),
+            residual(8 * w),
+            nn.AdaptiveMaxPool2d(1),
+            nn.Flatten(),
         )
         self.classifier = nn.Linear(8 * w, num_classes, bias=False)
         self.in_channels = in_channels
@@ -374,8 +415,10 @@ class ResNetCIFAR(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[1] != self.in_channels or min(x.shape[2:]) < 8:
-            raise ValueError(f"resnet_cifar expects images (N, {self.in_channels}, H>=8, W>=8), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"resnet_cifar expects images (N, {self.in_channels}, H>=8, W>=8), "
+                f"got {tuple(x.shape)}"
+            )
         return self.classifier(self.features(x)) * self.logit_scale
 
 
@@ -390,8 +433,10 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         if idx.dim() != 2 or idx.dtype != torch.long or idx.shape[1] > self.pos.num_embeddings:
-            raise ValueError(f"char_transformer expects int64 ids (N, T<={self.pos.num_embeddings}), "
-                             f"got {tuple(idx.shape)} {idx.dtype}")
+            raise ValueError(
+                f"char_transformer expects int64 ids (N, T<={self.pos.num_embeddings}), "
+                f"got {tuple(idx.shape)} {idx.dtype}"
+            )
         return self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
 
 
@@ -417,8 +462,9 @@ class SelfAttention(nn.Module):
         def heads(z: torch.Tensor) -> torch.Tensor:
             return z.view(n, t, -1, self.head_dim).transpose(1, 2)
 
-        y = nn.functional.scaled_dot_product_attention(heads(self.q(x)), heads(self.k(x)),
-                                                       heads(self.v(x)), is_causal=True)
+        y = nn.functional.scaled_dot_product_attention(
+            heads(self.q(x)), heads(self.k(x)), heads(self.v(x)), is_causal=True
+        )
         return self.proj(y.transpose(1, 2).reshape(n, t, -1))
 
 
@@ -461,12 +507,20 @@ class CharTransformer(nn.Module):
     pipeline can cut it into contiguous stages (:meth:`stage_layers`).
     """
 
-    def __init__(self, vocab: int = 96, d_model: int = 128, n_heads: int = 4,
-                 n_layers: int = 4, max_len: int = 256) -> None:
+    def __init__(
+        self,
+        vocab: int = 96,
+        d_model: int = 128,
+        n_heads: int = 4,
+        n_layers: int = 4,
+        max_len: int = 256,
+    ) -> None:
         super().__init__()
-        self.layers = nn.Sequential(TokenEmbedding(vocab, d_model, max_len),
-                                    *[Block(d_model, n_heads) for _ in range(n_layers)],
-                                    LMHead(d_model, vocab))
+        self.layers = nn.Sequential(
+            TokenEmbedding(vocab, d_model, max_len),
+            *[Block(d_model, n_heads) for _ in range(n_layers)],
+            LMHead(d_model, vocab),
+        )
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.layers(idx)

@@ -64,14 +64,14 @@ class _AllToAll(torch.autograd.Function):
     exchange backwards (the chunk a rank sent comes back as the chunk's gradient)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:  # noqa: ANN001
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         out = torch.empty_like(x)
         tdist.all_to_all_single(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # noqa: ANN205
+    def backward(ctx, grad: torch.Tensor):
         out = torch.empty_like(grad)
         tdist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
         return out, None
@@ -84,8 +84,15 @@ class MoE(nn.Module):
     before the capacity cut), ``dropped`` (choices cut), ``capacity`` and ``aux`` (the
     load-balancing loss, averaged over the groups, with its gradient)."""
 
-    def __init__(self, d_model: int, n_experts: int, hidden: int, top_k: int = 2,
-                 capacity_factor: float = 1.25, groups: int = 1) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_experts: int,
+        hidden: int,
+        top_k: int = 2,
+        capacity_factor: float = 1.25,
+        groups: int = 1,
+    ) -> None:
         super().__init__()
         self.n_experts, self.top_k, self.capacity_factor = n_experts, top_k, capacity_factor
         self.groups = groups
@@ -107,11 +114,15 @@ class MoE(nn.Module):
         routed = [self._dispatch(g, cap) for g in per_group]
         buffers = torch.stack([r[0] for r in routed])  # (groups, E, cap, d)
         done = self._experts_on(buffers)
-        out = torch.stack([self._combine(done[i], *routed[i][1:4], per_group.shape[1])
-                           for i in range(groups)])
-        self.stats = {"tokens_per_expert": sum(r[4] for r in routed).tolist(),
-                      "dropped": int(sum(r[5] for r in routed)), "capacity": cap,
-                      "aux": torch.stack([r[6] for r in routed]).mean()}
+        out = torch.stack(
+            [self._combine(done[i], *routed[i][1:4], per_group.shape[1]) for i in range(groups)]
+        )
+        self.stats = {
+            "tokens_per_expert": sum(r[4] for r in routed).tolist(),
+            "dropped": int(sum(r[5] for r in routed)),
+            "capacity": cap,
+            "aux": torch.stack([r[6] for r in routed]).mean(),
+        }
         return out.reshape(shape)
 
     def _dispatch(self, x: torch.Tensor, cap: int) -> tuple:
@@ -124,13 +135,22 @@ class MoE(nn.Module):
         buf = buf.index_copy(0, where, x[token[kept]])
         counts = torch.bincount(experts.reshape(-1), minlength=self.n_experts)
         aux = load_balancing_loss(torch.softmax(logits, -1), experts, self.n_experts)
-        return (buf.view(self.n_experts, cap, -1), where, gates[kept], token[kept], counts,
-                int((~kept).sum()), aux)
+        return (
+            buf.view(self.n_experts, cap, -1),
+            where,
+            gates[kept],
+            token[kept],
+            counts,
+            int((~kept).sum()),
+            aux,
+        )
 
     def _experts_on(self, buffers: torch.Tensor) -> torch.Tensor:
         """Each expert applied to its slots: here, or on the rank that holds it."""
         if self.group is None:
-            return torch.stack([self.experts[str(e)](buffers[:, e]) for e in range(self.n_experts)], 1)
+            return torch.stack(
+                [self.experts[str(e)](buffers[:, e]) for e in range(self.n_experts)], 1
+            )
         n = tdist.get_world_size(self.group)
         local = self.n_experts // n
         g, e, cap, d = buffers.shape  # g == 1: this rank's tokens
@@ -141,8 +161,13 @@ class MoE(nn.Module):
         return back.reshape(g, e, cap, d)
 
     @staticmethod
-    def _combine(done: torch.Tensor, where: torch.Tensor, gates: torch.Tensor,
-                 token: torch.Tensor, n_tokens: int) -> torch.Tensor:
+    def _combine(
+        done: torch.Tensor,
+        where: torch.Tensor,
+        gates: torch.Tensor,
+        token: torch.Tensor,
+        n_tokens: int,
+    ) -> torch.Tensor:
         """Σ over a token's kept choices of gate × its expert's output (0 if all dropped)."""
         flat = done.reshape(-1, done.shape[-1])
         out = flat.new_zeros(n_tokens, flat.shape[-1])
@@ -184,7 +209,7 @@ def count_all_to_all() -> Iterator[list[int]]:
     seen: list[int] = []
     original = tdist.all_to_all_single
 
-    def counted(output: torch.Tensor, input: torch.Tensor, *args, **kwargs):  # noqa: A002, ANN002, ANN003, ANN202
+    def counted(output: torch.Tensor, input: torch.Tensor, *args, **kwargs):
         seen.append(input.numel() * input.element_size())
         return original(output, input, *args, **kwargs)
 
@@ -195,8 +220,14 @@ def count_all_to_all() -> Iterator[list[int]]:
         tdist.all_to_all_single = original
 
 
-def all_to_all_bytes(tokens: int, d_model: int, n_experts: int, top_k: int,
-                     capacity_factor: float, element_size: int = 4) -> int:
+def all_to_all_bytes(
+    tokens: int,
+    d_model: int,
+    n_experts: int,
+    top_k: int,
+    capacity_factor: float,
+    element_size: int = 4,
+) -> int:
     """Bytes of one all-to-all of one layer: E · capacity · d values of a group of ``tokens``."""
     return n_experts * capacity(tokens, n_experts, top_k, capacity_factor) * d_model * element_size
 
@@ -204,8 +235,15 @@ def all_to_all_bytes(tokens: int, d_model: int, n_experts: int, top_k: int,
 class MoEBlock(nn.Module):
     """A pre-norm transformer block whose MLP is a :class:`MoE` layer."""
 
-    def __init__(self, d_model: int, n_heads: int, n_experts: int, top_k: int,
-                 capacity_factor: float, groups: int) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_experts: int,
+        top_k: int,
+        capacity_factor: float,
+        groups: int,
+    ) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = models.SelfAttention(d_model, n_heads)
@@ -221,22 +259,41 @@ class MoEBlock(nn.Module):
 class MoECharTransformer(nn.Module):
     """``char_transformer`` with every block's MLP replaced by a mixture of experts."""
 
-    def __init__(self, vocab: int = 96, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
-                 max_len: int = 64, n_experts: int = 4, top_k: int = 2,
-                 capacity_factor: float = 1.25, groups: int = 1) -> None:
+    def __init__(
+        self,
+        vocab: int = 96,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        max_len: int = 64,
+        n_experts: int = 4,
+        top_k: int = 2,
+        capacity_factor: float = 1.25,
+        groups: int = 1,
+    ) -> None:
         super().__init__()
         self.layers = nn.Sequential(
             models.TokenEmbedding(vocab, d_model, max_len),
-            *[MoEBlock(d_model, n_heads, n_experts, top_k, capacity_factor, groups)
-              for _ in range(n_layers)],
-            models.LMHead(d_model, vocab))
+            *[
+                MoEBlock(d_model, n_heads, n_experts, top_k, capacity_factor, groups)
+                for _ in range(n_layers)
+            ],
+            models.LMHead(d_model, vocab),
+        )
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.layers(idx)
 
 
-def train_layer(layer: MoE, x: torch.Tensor, target: torch.Tensor, *, steps: int,
-                aux_weight: float, lr: float = 1e-2) -> list[dict]:
+def train_layer(
+    layer: MoE,
+    x: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    steps: int,
+    aux_weight: float,
+    lr: float = 1e-2,
+) -> list[dict]:
     """Fit ``layer(x)`` to ``target`` (mean squared error + ``aux_weight`` × the
     load-balancing loss) with Adam; the routing statistics of every step."""
     opt = torch.optim.Adam(layer.parameters(), lr=lr)
@@ -246,6 +303,8 @@ def train_layer(layer: MoE, x: torch.Tensor, target: torch.Tensor, *, steps: int
         loss = nn.functional.mse_loss(layer(x), target) + aux_weight * layer.stats["aux"]
         loss.backward()
         opt.step()
-        history.append({k: v for k, v in layer.stats.items() if k != "aux"}
-                       | {"aux": float(layer.stats["aux"].detach())})
+        history.append(
+            {k: v for k, v in layer.stats.items() if k != "aux"}
+            | {"aux": float(layer.stats["aux"].detach())}
+        )
     return history

@@ -51,8 +51,9 @@ def scale_lr(base_lr: float, base_batch: int, batch: int, rule: str = "linear") 
     ``none``: ``base_lr`` unchanged (the naive large batch).
     """
     if base_lr <= 0 or base_batch <= 0 or batch <= 0:
-        raise ValueError(f"base_lr, base_batch and batch must be positive, got "
-                         f"{base_lr}, {base_batch}, {batch}")
+        raise ValueError(
+            f"base_lr, base_batch and batch must be positive, got {base_lr}, {base_batch}, {batch}"
+        )
     k = batch / base_batch
     if rule == "linear":
         return base_lr * k
@@ -89,9 +90,16 @@ def warmup(warmup_steps: int, start_factor: float = 0.0) -> Factor:
     return factor
 
 
-def lr_schedule(total_steps: int, *, warmup_steps: int = 0, warmup_start: float = 0.0,
-                decay: str = "none", milestones: Sequence[int] = (), gamma: float = 0.1,
-                final_factor: float = 0.0) -> Factor:
+def lr_schedule(
+    total_steps: int,
+    *,
+    warmup_steps: int = 0,
+    warmup_start: float = 0.0,
+    decay: str = "none",
+    milestones: Sequence[int] = (),
+    gamma: float = 0.1,
+    final_factor: float = 0.0,
+) -> Factor:
     """Warm-up followed by a decay, as one ``LambdaLR`` factor per optimiser step.
 
     ``decay``: ``none`` (constant), ``cosine`` (to ``final_factor`` at
@@ -139,26 +147,34 @@ def _is_excluded(p: torch.Tensor, group: dict) -> bool:
     return bool(group["exclude_bias_and_norm"]) and p.ndim <= 1
 
 
-def _safe_ratio(numerator: torch.Tensor, w_norm: torch.Tensor,
-                u_norm: torch.Tensor) -> torch.Tensor:
+def _safe_ratio(
+    numerator: torch.Tensor, w_norm: torch.Tensor, u_norm: torch.Tensor
+) -> torch.Tensor:
     """``numerator / u_norm``, or 1 when either norm is zero (a fresh zero-initialised
     layer or a layer with no gradient would otherwise never move or divide by 0).
     Computed without ``.item()`` so that a GPU step never waits for the host."""
     ok = (w_norm > 0) & (u_norm > 0)
-    return torch.where(ok, numerator / torch.where(ok, u_norm, torch.ones_like(u_norm)),
-                       torch.ones_like(w_norm))
+    return torch.where(
+        ok, numerator / torch.where(ok, u_norm, torch.ones_like(u_norm)), torch.ones_like(w_norm)
+    )
 
 
-def lars_trust_ratio(w: torch.Tensor, g: torch.Tensor, trust_coefficient: float = 0.001,
-                     weight_decay: float = 0.0, eps: float = 0.0) -> torch.Tensor:
+def lars_trust_ratio(
+    w: torch.Tensor,
+    g: torch.Tensor,
+    trust_coefficient: float = 0.001,
+    weight_decay: float = 0.0,
+    eps: float = 0.0,
+) -> torch.Tensor:
     """LARS's local learning rate of one layer: ``η ‖w‖ / (‖g‖ + β‖w‖ + eps)``,
     or 1 when ``‖w‖`` or the denominator is 0 (a 0-dim tensor)."""
     w_norm, g_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(g)
     return _safe_ratio(trust_coefficient * w_norm, w_norm, g_norm + weight_decay * w_norm + eps)
 
 
-def _check_rates(lr: float, momentum: float | None = None,
-                 betas: tuple[float, float] | None = None) -> None:
+def _check_rates(
+    lr: float, momentum: float | None = None, betas: tuple[float, float] | None = None
+) -> None:
     """The checks every optimiser here makes of its learning rate and averaging factors."""
     if lr <= 0:
         raise ValueError(f"lr must be positive, got {lr}")
@@ -193,21 +209,34 @@ class LARS(Optimizer):
     override :meth:`trust_ratio` to try another rule.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1.0, momentum: float = 0.9,
-                 weight_decay: float = 0.0, trust_coefficient: float = 0.001,
-                 eps: float = 0.0, exclude_bias_and_norm: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1.0,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.001,
+        eps: float = 0.0,
+        exclude_bias_and_norm: bool = False,
+    ) -> None:
         _check_rates(lr, momentum=momentum)
         if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
             raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, eps=eps,
-                        exclude_bias_and_norm=exclude_bias_and_norm)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            exclude_bias_and_norm=exclude_bias_and_norm,
+        )
         super().__init__(params, defaults)
 
     def trust_ratio(self, w: torch.Tensor, g: torch.Tensor, group: dict) -> torch.Tensor:
         """The local learning rate of tensor ``w`` with gradient ``g`` (0-dim tensor)."""
-        return lars_trust_ratio(w, g, group["trust_coefficient"], group["weight_decay"],
-                                group["eps"])
+        return lars_trust_ratio(
+            w, g, group["trust_coefficient"], group["weight_decay"], group["eps"]
+        )
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -250,15 +279,27 @@ class LAMB(Optimizer):
     ``optimizer.state[p]["trust_ratio"]``.
     """
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-6, weight_decay: float = 0.0, bias_correction: bool = True,
-                 exclude_bias_and_norm: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        bias_correction: bool = True,
+        exclude_bias_and_norm: bool = False,
+    ) -> None:
         _check_rates(lr, betas=betas)
         if eps <= 0 or weight_decay < 0:
             raise ValueError("eps must be > 0 and weight_decay >= 0")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction,
-                        exclude_bias_and_norm=exclude_bias_and_norm)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            bias_correction=bias_correction,
+            exclude_bias_and_norm=exclude_bias_and_norm,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -282,7 +323,7 @@ class LAMB(Optimizer):
                 m.mul_(beta1).add_(g, alpha=1 - beta1)
                 v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
                 if group["bias_correction"]:
-                    m_hat, v_hat = m / (1 - beta1 ** t), v / (1 - beta2 ** t)
+                    m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
                 else:
                     m_hat, v_hat = m, v
                 u = m_hat / (v_hat.sqrt() + group["eps"])
@@ -318,18 +359,31 @@ class LARC(Optimizer):
 
     MODES = ("clip", "scale")
 
-    def __init__(self, params: Iterable, lr: float = 0.1, momentum: float = 0.9,
-                 weight_decay: float = 0.0, trust_coefficient: float = 0.02,
-                 eps: float = 1e-8, mode: str = "clip",
-                 exclude_bias_and_norm: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        trust_coefficient: float = 0.02,
+        eps: float = 1e-8,
+        mode: str = "clip",
+        exclude_bias_and_norm: bool = False,
+    ) -> None:
         _check_rates(lr, momentum=momentum)
         if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
             raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
-        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        trust_coefficient=trust_coefficient, eps=eps, mode=mode,
-                        exclude_bias_and_norm=exclude_bias_and_norm)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient,
+            eps=eps,
+            mode=mode,
+            exclude_bias_and_norm=exclude_bias_and_norm,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -347,8 +401,11 @@ class LARC(Optimizer):
                     d, local = g, torch.ones((), device=p.device)
                 else:
                     w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
-                    local = _safe_ratio(group["trust_coefficient"] * w_norm, w_norm,
-                                        g_norm + wd * w_norm + group["eps"])
+                    local = _safe_ratio(
+                        group["trust_coefficient"] * w_norm,
+                        w_norm,
+                        g_norm + wd * w_norm + group["eps"],
+                    )
                     if group["mode"] == "clip":
                         local = torch.clamp(local / lr, max=1.0)
                     ok = (w_norm > 0) & (g_norm > 0)  # apex leaves such a tensor's gradient as is
@@ -380,16 +437,27 @@ class NovoGrad(Optimizer):
     ``exclude_bias_and_norm=True`` 1-D tensors get no weight decay.
     """
 
-    def __init__(self, params: Iterable, lr: float = 0.01,
-                 betas: tuple[float, float] = (0.95, 0.98), eps: float = 1e-8,
-                 weight_decay: float = 0.0, grad_averaging: bool = False,
-                 exclude_bias_and_norm: bool = False) -> None:
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 0.01,
+        betas: tuple[float, float] = (0.95, 0.98),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        grad_averaging: bool = False,
+        exclude_bias_and_norm: bool = False,
+    ) -> None:
         _check_rates(lr, betas=betas)
         if eps < 0 or weight_decay < 0:
             raise ValueError("eps and weight_decay must be >= 0")
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                        grad_averaging=grad_averaging,
-                        exclude_bias_and_norm=exclude_bias_and_norm)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            grad_averaging=grad_averaging,
+            exclude_bias_and_norm=exclude_bias_and_norm,
+        )
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -493,12 +561,25 @@ class _GhostBatchNorm(nn.modules.batchnorm._BatchNorm):
         for chunk in torch.tensor_split(x, n_chunks):
             if self.track_running_stats:
                 self.num_batches_tracked.add_(1)
-                factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
-                          else self.momentum)
+                factor = (
+                    1.0 / float(self.num_batches_tracked)
+                    if self.momentum is None
+                    else self.momentum
+                )
             else:
                 factor = 0.0
-            outputs.append(F.batch_norm(chunk, self.running_mean, self.running_var,
-                                        self.weight, self.bias, True, factor, self.eps))
+            outputs.append(
+                F.batch_norm(
+                    chunk,
+                    self.running_mean,
+                    self.running_var,
+                    self.weight,
+                    self.bias,
+                    True,
+                    factor,
+                    self.eps,
+                )
+            )
         return torch.cat(outputs)
 
 
@@ -526,8 +607,14 @@ def ghost_batch_norm(model: nn.Module, ghost_batch_size: int) -> nn.Module:
         if kind is None:
             ghost_batch_norm(child, ghost_batch_size)
             continue
-        ghost = kind(child.num_features, ghost_batch_size, eps=child.eps, momentum=child.momentum,
-                     affine=child.affine, track_running_stats=child.track_running_stats)
+        ghost = kind(
+            child.num_features,
+            ghost_batch_size,
+            eps=child.eps,
+            momentum=child.momentum,
+            affine=child.affine,
+            track_running_stats=child.track_running_stats,
+        )
         ghost.load_state_dict(child.state_dict())
         ghost.to(next(child.buffers(), torch.empty(0)).device)
         ghost.train(child.training)
@@ -568,8 +655,12 @@ class SampleNoiseLoss:
     cross-entropy); ``seed`` makes the noise reproducible.
     """
 
-    def __init__(self, sigma: float, loss_fn: Callable[..., torch.Tensor] | None = None,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        sigma: float,
+        loss_fn: Callable[..., torch.Tensor] | None = None,
+        seed: int | None = None,
+    ) -> None:
         if sigma < 0:
             raise ValueError(f"sigma must be >= 0, got {sigma}")
         self.sigma = sigma
@@ -584,8 +675,9 @@ class SampleNoiseLoss:
             self._generators[device] = torch.Generator(device=device).manual_seed(self._seed)
         return self._generators[device]
 
-    def weights(self, n: int, device: torch.device | str = "cpu",
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def weights(
+        self, n: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
         """``n`` draws of ``z ~ N(1, σ²)``."""
         device = torch.device(device)
         eps = torch.randn(n, generator=self._generator(device), device=device, dtype=dtype)
@@ -599,8 +691,9 @@ class SampleNoiseLoss:
         return (z * per_sample).mean()
 
 
-def weighted_mean_covariance(grads: torch.Tensor, batch: int, sigma: float, draws: int,
-                             seed: int = 0, chunk: int = 256) -> torch.Tensor:
+def weighted_mean_covariance(
+    grads: torch.Tensor, batch: int, sigma: float, draws: int, seed: int = 0, chunk: int = 256
+) -> torch.Tensor:
     """Monte-Carlo covariance of ``(1/B) Σ z_n g_n`` over batches of ``batch`` per-sample
     gradients drawn with replacement from the rows of ``grads`` (N × d) and
     ``z_n ~ N(1, σ²)``: what :class:`SampleNoiseLoss` does to the gradient, measured."""
@@ -624,7 +717,7 @@ def weighted_mean_covariance(grads: torch.Tensor, batch: int, sigma: float, draw
 
 @dataclass(frozen=True)
 class BatchGrowth:
-    """"Don't decay the learning rate, increase the batch size" (Smith et al. 2017).
+    """ "Don't decay the learning rate, increase the batch size" (Smith et al. 2017).
 
     Where a step schedule would multiply the learning rate by ``1/factor`` at each
     epoch in ``milestones``, multiply the batch size by ``factor`` instead. Once the
@@ -682,8 +775,10 @@ class GrowBatch(Callback):
 
     def __init__(self, loader, growth: BatchGrowth) -> None:
         if not hasattr(loader, "batch_size"):
-            raise TypeError("GrowBatch needs a loader with a settable batch_size "
-                            "(e.g. lab_utils.loader.TensorLoader)")
+            raise TypeError(
+                "GrowBatch needs a loader with a settable batch_size "
+                "(e.g. lab_utils.loader.TensorLoader)"
+            )
         self.loader, self.growth = loader, growth
         self._base_lrs: list[float] | None = None
 
@@ -691,19 +786,24 @@ class GrowBatch(Callback):
         """Remember the learning rates the schedule scales."""
         sched = trainer.scheduler
         if sched is not None and not isinstance(sched, LambdaLR):
-            raise TypeError("GrowBatch works with no scheduler or a LambdaLR, "
-                            f"got {type(sched).__name__}")
+            raise TypeError(
+                f"GrowBatch works with no scheduler or a LambdaLR, got {type(sched).__name__}"
+            )
         if self._base_lrs is None:
-            self._base_lrs = (list(sched.base_lrs) if sched is not None
-                              else [g["lr"] for g in trainer.optimizer.param_groups])
+            self._base_lrs = (
+                list(sched.base_lrs)
+                if sched is not None
+                else [g["lr"] for g in trainer.optimizer.param_groups]
+            )
 
     def on_epoch_start(self, trainer, epoch: int) -> None:
         """Set this epoch's batch size and learning-rate factor."""
         self.loader.batch_size = self.growth.batch_size(epoch)
         factor = self.growth.lr_factor(epoch)
         sched = trainer.scheduler
-        for i, (group, base) in enumerate(zip(trainer.optimizer.param_groups, self._base_lrs,
-                                              strict=True)):
+        for i, (group, base) in enumerate(
+            zip(trainer.optimizer.param_groups, self._base_lrs, strict=True)
+        ):
             group["lr"] = base * factor
             if sched is not None:
                 sched.base_lrs[i] = base * factor

@@ -24,18 +24,35 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     option has a help text, so a parser from :func:`lab_utils.profile.script_parser`
     shows its default for the current profile in ``--help``."""
     P = profile.current()
-    p.add_argument("--d-model", type=int, default=P.pick(quick=64, cpu=128, gpu=512),
-                   help="width d of the model")
+    p.add_argument(
+        "--d-model",
+        type=int,
+        default=P.pick(quick=64, cpu=128, gpu=512),
+        help="width d of the model",
+    )
     p.add_argument("--heads", type=int, default=4, help="attention heads per block")
     p.add_argument("--layers", type=int, default=4, help="transformer blocks")
-    p.add_argument("--seq-len", type=int, default=P.pick(quick=32, cpu=64, gpu=256),
-                   help="characters per sequence")
-    p.add_argument("--batch-size", type=int, default=P.pick(quick=16, cpu=32, gpu=64),
-                   help="sequences per step (the whole batch, all micro-batches / ranks)")
-    p.add_argument("--n-chars", type=int, default=P.pick(quick=200_000, cpu=1_000_000, gpu=0),
-                   help=f"characters of the {text.NAME} corpus to use (0: 5 million)")
-    p.add_argument("--steps", type=int, default=P.pick(quick=3, cpu=20, gpu=100),
-                   help="training steps")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=P.pick(quick=32, cpu=64, gpu=256),
+        help="characters per sequence",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=P.pick(quick=16, cpu=32, gpu=64),
+        help="sequences per step (the whole batch, all micro-batches / ranks)",
+    )
+    p.add_argument(
+        "--n-chars",
+        type=int,
+        default=P.pick(quick=200_000, cpu=1_000_000, gpu=0),
+        help=f"characters of the {text.NAME} corpus to use (0: 5 million)",
+    )
+    p.add_argument(
+        "--steps", type=int, default=P.pick(quick=3, cpu=20, gpu=100), help="training steps"
+    )
     p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
     p.add_argument("--checkpoint", default=None, help="save the whole trained model here (rank 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches")
@@ -44,8 +61,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def build_model(args: argparse.Namespace) -> nn.Module:
     """The same initial char_transformer on every rank (seeded)."""
     torch.manual_seed(args.seed)
-    return models.build("char_transformer", vocab=text.VOCAB, d_model=args.d_model,
-                        n_heads=args.heads, n_layers=args.layers, max_len=args.seq_len)
+    return models.build(
+        "char_transformer",
+        vocab=text.VOCAB,
+        d_model=args.d_model,
+        n_heads=args.heads,
+        n_layers=args.layers,
+        max_len=args.seq_len,
+    )
 
 
 def corpus(args: argparse.Namespace) -> text.Corpus:
@@ -75,8 +98,12 @@ def require(ok: bool, message: str) -> None:
         sys.exit(0)
     print(f"error: {message}", file=sys.stderr, flush=True)
     if env.launcher == "torchrun":
-        print("(torchrun's ChildFailedError report below names this stop, exitcode 2; "
-              "nothing else failed)", file=sys.stderr, flush=True)
+        print(
+            "(torchrun's ChildFailedError report below names this stop, exitcode 2; "
+            "nothing else failed)",
+            file=sys.stderr,
+            flush=True,
+        )
         _wait_for_the_other_workers()
     sys.exit(2)
 
@@ -85,8 +112,11 @@ def require_batch_split(batch_size: int) -> int:
     """:func:`require` that the global batch splits evenly over the job's processes;
     returns their number."""
     n = dist.detect().world_size
-    require(batch_size % n == 0, f"the global batch {batch_size} cannot be split over {n} "
-            f"processes: use a --batch-size divisible by {n}")
+    require(
+        batch_size % n == 0,
+        f"the global batch {batch_size} cannot be split over {n} "
+        f"processes: use a --batch-size divisible by {n}",
+    )
     return n
 
 

@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from lab_utils import memory
 
 # bytes of a parameter, a gradient and the optimizer state per parameter (Adam)
-PRECISIONS = {"fp32": (4, 4, 8), "bf16": (2, 2, 12)}  # bf16: fp32 master + 2 moments (ZeRO paper's K=12)
+PRECISIONS = {
+    "fp32": (4, 4, 8),
+    "bf16": (2, 2, 12),
+}  # bf16: fp32 master + 2 moments (ZeRO paper's K=12)
 RECOMPUTE = ("none", "full")
 
 
@@ -95,8 +98,9 @@ def tensors(cfg: Config, tp: int = 1, ep: int = 1) -> dict[str, list[tuple[int, 
     for what, n in (("d_model", d), ("n_heads", cfg.n_heads), ("mlp width", h)):
         if n % tp:
             raise ValueError(f"tp={tp} does not divide {what} = {n}")
-    embed = [(cfg.vocab, d)] + ([(cfg.max_len if cfg.max_len is not None else cfg.seq_len, d)]
-                                if cfg.max_len != 0 else [])
+    embed = [(cfg.vocab, d)] + (
+        [(cfg.max_len if cfg.max_len is not None else cfg.seq_len, d)] if cfg.max_len != 0 else []
+    )
     norm = [(d,), (d,)]
     attn = [(d // tp, d), (d // tp,)] * 3 + [(d, d // tp), (d,)]  # q, k, v by rows; proj by columns
     mlp = [(h // tp, d), (h // tp,), (d, h // tp), (d,)]
@@ -104,14 +108,19 @@ def tensors(cfg: Config, tp: int = 1, ep: int = 1) -> dict[str, list[tuple[int, 
         if cfg.n_experts % ep:
             raise ValueError(f"ep={ep} does not divide {cfg.n_experts} experts")
         mlp = [(cfg.n_experts, d)] + mlp * (cfg.n_experts // ep)  # router + this rank's experts
-    return {"embed": embed, "block": norm + attn + norm + mlp, "head": norm + [(cfg.vocab, d), (cfg.vocab,)]}
+    return {
+        "embed": embed,
+        "block": norm + attn + norm + mlp,
+        "head": norm + [(cfg.vocab, d), (cfg.vocab,)],
+    }
 
 
 def count_params(cfg: Config) -> int:
     """Ψ, the parameters of the whole model."""
     t = tensors(cfg)
     return sum(math.prod(s) for s in t["embed"] + t["head"]) + cfg.n_layers * sum(
-        math.prod(s) for s in t["block"])
+        math.prod(s) for s in t["block"]
+    )
 
 
 def stage_blocks(n_layers: int, pp: int, stage: int) -> int:
@@ -249,25 +258,39 @@ def wire_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0) -> dict[str, fl
 def plan(cfg: Config, lay: Layout, batch: int) -> Plan:
     """The most loaded rank's bytes for a step of ``batch`` sequences in all (split over
     the data ranks and the micro-batches), and that rank's wire bytes per step."""
-    if lay.zero not in (0, 1, 2, 3) or lay.precision not in PRECISIONS or lay.recompute not in RECOMPUTE:
+    if (
+        lay.zero not in (0, 1, 2, 3)
+        or lay.precision not in PRECISIONS
+        or lay.recompute not in RECOMPUTE
+    ):
         raise ValueError(f"unknown ZeRO stage, precision or recomputation in {lay}")
     if batch % (lay.dp * lay.microbatches):
-        raise ValueError(f"batch {batch} does not split into dp={lay.dp} × {lay.microbatches} micro-batches")
+        raise ValueError(
+            f"batch {batch} does not split into dp={lay.dp} × {lay.microbatches} micro-batches"
+        )
     if cfg.seq_len % lay.cp:
         raise ValueError(f"cp={lay.cp} does not divide the sequence length {cfg.seq_len}")
     b = batch // (lay.dp * lay.microbatches)
     best: Plan | None = None
     for stage in range(lay.pp):
         st = state_bytes(cfg, lay, stage)
-        p = Plan(st["params"], st["grads"], st["optimizer"], activation_bytes(cfg, lay, b, stage),
-                 wire_bytes(cfg, lay, b, stage), count_params(cfg))
+        p = Plan(
+            st["params"],
+            st["grads"],
+            st["optimizer"],
+            activation_bytes(cfg, lay, b, stage),
+            wire_bytes(cfg, lay, b, stage),
+            count_params(cfg),
+        )
         if best is None or p.total > best.total:
             best = p
     assert best is not None
     return best
 
 
-def training_days(n_params: float, tokens: float, gpus: int, peak_flops: float, mfu: float) -> float:
+def training_days(
+    n_params: float, tokens: float, gpus: int, peak_flops: float, mfu: float
+) -> float:
     """Days to train on ``tokens`` at ``mfu`` of ``peak_flops`` per GPU: 6·N·D FLOPs."""
     return 6 * n_params * tokens / (gpus * peak_flops * mfu) / 86400
 
@@ -279,21 +302,31 @@ def table(cfg: Config, lay: Layout, batch: int) -> str:
     """The plan as a few lines of text (GB = 10⁹ bytes)."""
     p = plan(cfg, lay, batch)
     wire = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in p.wire.items()) or "nothing"
-    return (f"{lay.world} ranks (dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}, ep {lay.ep}), "
-            f"ZeRO-{lay.zero}, {lay.precision}, recompute {lay.recompute}; Ψ = {p.n_params / 1e9:.3g} B\n"
-            f"per rank: parameters {p.params / 1e9:.3g} GB, gradients {p.grads / 1e9:.3g} GB, "
-            f"optimizer {p.optimizer / 1e9:.3g} GB, activations {p.activations / 1e9:.3g} GB "
-            f"→ {p.total / 1e9:.3g} GB\nwire per step (GB): {wire}")
+    return (
+        f"{lay.world} ranks (dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}, ep {lay.ep}), "
+        f"ZeRO-{lay.zero}, {lay.precision}, recompute {lay.recompute}; Ψ = {p.n_params / 1e9:.3g} B\n"
+        f"per rank: parameters {p.params / 1e9:.3g} GB, gradients {p.grads / 1e9:.3g} GB, "
+        f"optimizer {p.optimizer / 1e9:.3g} GB, activations {p.activations / 1e9:.3g} GB "
+        f"→ {p.total / 1e9:.3g} GB\nwire per step (GB): {wire}"
+    )
 
 
-def widget(cfg: Config, batch: int, memory_gb: float = 80.0):  # noqa: ANN201 - ipywidgets objects
+def widget(cfg: Config, batch: int, memory_gb: float = 80.0):
     """An ipywidgets panel of the layout's knobs; returns ``(panel, update)``. ``update()``
     redraws the plan for the current values (call it once to render headless)."""
     import ipywidgets as w
 
-    ints = {name: w.IntText(value=value, description=name, layout=w.Layout(width="150px"))
-            for name, value in (("dp", 1), ("tp", 1), ("pp", 1), ("cp", 1), ("ep", 1),
-                                ("microbatches", 1))}
+    ints = {
+        name: w.IntText(value=value, description=name, layout=w.Layout(width="150px"))
+        for name, value in (
+            ("dp", 1),
+            ("tp", 1),
+            ("pp", 1),
+            ("cp", 1),
+            ("ep", 1),
+            ("microbatches", 1),
+        )
+    }
     zero = w.Dropdown(options=[0, 1, 2, 3], value=0, description="ZeRO")
     precision = w.Dropdown(options=list(PRECISIONS), value="fp32", description="precision")
     recompute = w.Dropdown(options=list(RECOMPUTE), value="none", description="recompute")
@@ -302,9 +335,13 @@ def widget(cfg: Config, batch: int, memory_gb: float = 80.0):  # noqa: ANN201 - 
 
     def update(*_: object) -> str:
         try:
-            lay = Layout(**{k: v.value for k, v in ints.items()}, zero=zero.value,
-                         precision=precision.value, recompute=recompute.value,
-                         sequence_parallel=sp.value)
+            lay = Layout(
+                **{k: v.value for k, v in ints.items()},
+                zero=zero.value,
+                precision=precision.value,
+                recompute=recompute.value,
+                sequence_parallel=sp.value,
+            )
             text = table(cfg, lay, batch)
             total = plan(cfg, lay, batch).total / 1e9
             text += f"\n{'fits' if total <= memory_gb else 'does NOT fit'} in {memory_gb:g} GB"
@@ -317,6 +354,12 @@ def widget(cfg: Config, batch: int, memory_gb: float = 80.0):  # noqa: ANN201 - 
 
     for control in (*ints.values(), zero, precision, recompute, sp):
         control.observe(update, names="value")
-    panel = w.VBox([w.HBox(list(ints.values())[:3]), w.HBox(list(ints.values())[3:]),
-                    w.HBox([zero, precision, recompute, sp]), out])
+    panel = w.VBox(
+        [
+            w.HBox(list(ints.values())[:3]),
+            w.HBox(list(ints.values())[3:]),
+            w.HBox([zero, precision, recompute, sp]),
+            out,
+        ]
+    )
     return panel, update

@@ -47,8 +47,13 @@ def default_name() -> str:
 
 def local_rank() -> int:
     """This process's rank on its machine, from whichever launcher started it."""
-    for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                "HOROVOD_LOCAL_RANK", "SLURM_LOCALID"):
+    for var in (
+        "LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "HOROVOD_LOCAL_RANK",
+        "SLURM_LOCALID",
+    ):
         if var in os.environ:
             return int(os.environ[var])
     return 0
@@ -71,9 +76,12 @@ def configure_threads(n: int | None = None) -> int:
     if n is None and "OMP_NUM_THREADS" in os.environ:
         n = int(os.environ["OMP_NUM_THREADS"])
     if n is None:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE")
-                    or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
-                    or os.environ.get("HOROVOD_LOCAL_SIZE") or 1)
+        local = int(
+            os.environ.get("LOCAL_WORLD_SIZE")
+            or os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE")
+            or os.environ.get("HOROVOD_LOCAL_SIZE")
+            or 1
+        )
         n = max(1, (os.cpu_count() or 1) // local)
     if not _threads_set or torch.get_num_threads() != n:
         torch.set_num_threads(n)
@@ -101,6 +109,8 @@ def script_parser(description: str) -> argparse.ArgumentParser:
     profile sets it, and names that profile (defaults differ between profiles)."""
     name = (os.environ.get("LABS_PROFILE") or default_name()).strip().lower()
     return argparse.ArgumentParser(
-        description=description, formatter_class=_DefaultsHelp,
+        description=description,
+        formatter_class=_DefaultsHelp,
         epilog=f"Defaults shown are those of the {name!r} profile; set LABS_PROFILE="
-               "quick|cpu|gpu to see another's.")
+        "quick|cpu|gpu to see another's.",
+    )

@@ -102,8 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + stop["signal"]
     left = kill_tree()
     if left:
-        print(f"reaper: stopped {left} process(es) left behind by the job", file=sys.stderr,
-              flush=True)
+        print(
+            f"reaper: stopped {left} process(es) left behind by the job",
+            file=sys.stderr,
+            flush=True,
+        )
     rc = child.returncode
     return rc if rc >= 0 else 128 - rc
 

@@ -42,9 +42,14 @@ def _check_theta(theta: np.ndarray, d: int) -> np.ndarray:
     return theta
 
 
-def line_data(n: int, w: float = 1.5, b: float = -2.0, noise: float = 0.5,
-              x_range: tuple[float, float] = (0.0, 4.0), seed: int = 0
-              ) -> tuple[np.ndarray, np.ndarray]:
+def line_data(
+    n: int,
+    w: float = 1.5,
+    b: float = -2.0,
+    noise: float = 0.5,
+    x_range: tuple[float, float] = (0.0, 4.0),
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
     """One-feature data ``y = w·x + b + noise·ε`` with ``x`` uniform on ``x_range``.
 
     ``x`` is deliberately not centred on 0: then ``w`` and ``b`` trade off against each
@@ -117,8 +122,9 @@ def _schedule(lr: float | Schedule) -> Schedule:
     return lambda step: lr
 
 
-def gd_path(X: np.ndarray, y: np.ndarray, theta0: Sequence[float], lr: float | Schedule,
-            steps: int) -> np.ndarray:
+def gd_path(
+    X: np.ndarray, y: np.ndarray, theta0: Sequence[float], lr: float | Schedule, steps: int
+) -> np.ndarray:
     """Full-batch gradient descent; returns every iterate, shape ``(steps + 1, d + 1)``.
 
     Diverging runs are not stopped: their iterates grow to inf, which is the point
@@ -147,11 +153,12 @@ def path_losses(X: np.ndarray, y: np.ndarray, path: np.ndarray) -> np.ndarray:
     path = np.asarray(path, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         residuals = X @ path[:, :-1].T + path[:, -1] - y[:, None]
-        return np.mean(residuals ** 2, axis=0)
+        return np.mean(residuals**2, axis=0)
 
 
-def loss_grid(x: np.ndarray, y: np.ndarray, w_values: np.ndarray,
-              b_values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def loss_grid(
+    x: np.ndarray, y: np.ndarray, w_values: np.ndarray, b_values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Loss of the 1-feature model ``w·x + b`` on a grid, for contour and surface plots.
 
     Returns ``(W, B, L)`` as from ``np.meshgrid(w_values, b_values)``. Uses the
@@ -162,9 +169,8 @@ def loss_grid(x: np.ndarray, y: np.ndarray, w_values: np.ndarray,
         raise ValueError("loss_grid draws the (w, b) plane of a single-feature problem")
     x = X[:, 0]
     W, B = np.meshgrid(np.asarray(w_values, float), np.asarray(b_values, float))
-    sxx, sx, sy, sxy, syy = (np.mean(x * x), np.mean(x), np.mean(y), np.mean(x * y),
-                             np.mean(y * y))
-    L = W ** 2 * sxx + B ** 2 + syy + 2 * W * B * sx - 2 * W * sxy - 2 * B * sy
+    sxx, sx, sy, sxy, syy = (np.mean(x * x), np.mean(x), np.mean(y), np.mean(x * y), np.mean(y * y))
+    L = W**2 * sxx + B**2 + syy + 2 * W * B * sx - 2 * W * sxy - 2 * B * sy
     return W, B, L
 
 

@@ -23,10 +23,12 @@ def chunk(t: torch.Tensor, rank: int, world: int, dim: int = 2) -> torch.Tensor:
     return t.chunk(world, dim=dim)[rank]
 
 
-def _exchange(t: torch.Tensor, to: int, frm: int, group=None) -> torch.Tensor:  # noqa: ANN001
+def _exchange(t: torch.Tensor, to: int, frm: int, group=None) -> torch.Tensor:
     out = torch.empty_like(t)
-    ops = [tdist.P2POp(tdist.isend, t.contiguous(), to, group),
-           tdist.P2POp(tdist.irecv, out, frm, group)]
+    ops = [
+        tdist.P2POp(tdist.isend, t.contiguous(), to, group),
+        tdist.P2POp(tdist.irecv, out, frm, group),
+    ]
     for work in tdist.batch_isend_irecv(ops):
         work.wait()
     return out
@@ -34,21 +36,23 @@ def _exchange(t: torch.Tensor, to: int, frm: int, group=None) -> torch.Tensor:  
 
 class _RingPass(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, t, group):  # noqa: ANN001, ANN205
+    def forward(ctx, t, group):
         ctx.group = group
         rank, world = tdist.get_rank(group), tdist.get_world_size(group)
-        ctx.peers = (tdist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world,
-                     tdist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world)
+        ctx.peers = (
+            tdist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world,
+            tdist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world,
+        )
         prev, nxt = ctx.peers
         return _exchange(t, nxt, prev, group)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         prev, nxt = ctx.peers  # the gradient goes back where the tensor came from
         return _exchange(grad, prev, nxt, ctx.group), None
 
 
-def ring_pass(k: torch.Tensor, v: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
+def ring_pass(k: torch.Tensor, v: torch.Tensor, group=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Send this rank's (k, v) block to the next rank and return the previous rank's
     (one message: both stacked). Differentiable: the backward passes gradients back."""
     kv = _RingPass.apply(torch.stack([k, v]), group)
@@ -63,7 +67,7 @@ class Ring:
     waits for that gradient message. :meth:`tie` makes the output depend (with weight
     zero) on every block received, so every rank runs every pass's backward."""
 
-    def __init__(self, group=None) -> None:  # noqa: ANN001
+    def __init__(self, group=None) -> None:
         self.group = group
         self.received: list[torch.Tensor] = []
 

@@ -35,10 +35,18 @@ import psutil
 from . import daemons
 
 TAG_VAR = "LABS_SLURM_CLUSTER"  # in the environment of the daemons and of every job
-PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scontrol",
-            "scancel", "sinfo")
-INSTALL_HINT = ("apt-get install slurmctld slurmd slurm-client munge "
-                "(`make setup` as root does it)")
+PROGRAMS = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "scontrol",
+    "scancel",
+    "sinfo",
+)
+INSTALL_HINT = "apt-get install slurmctld slurmd slurm-client munge (`make setup` as root does it)"
 
 
 class SlurmClusterError(RuntimeError):
@@ -74,41 +82,43 @@ def node_name() -> str:
 def config(folder: Path, cpus: int, ctld_port: int, slurmd_port: int) -> str:
     """A minimal ``slurm.conf`` for one node of ``cpus`` CPUs, all state in ``folder``."""
     host = node_name()
-    return "\n".join([
-        "ClusterName=labs",
-        f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={ctld_port}",
-        f"SlurmdPort={slurmd_port}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
-        f"AuthInfo=socket={folder / 'munge.socket'}",
-        f"StateSaveLocation={folder / 'state'}",
-        f"SlurmdSpoolDir={folder / 'spool'}",
-        f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
-        f"SlurmdPidFile={folder / 'slurmd.pid'}",
-        f"SlurmctldLogFile={folder / 'slurmctld.log'}",
-        f"SlurmdLogFile={folder / 'slurmd.log'}",
-        # No cgroups and no systemd: processes tracked by parent id, tasks not bound.
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_CPU",
-        "MpiDefault=none",
-        "SchedulerType=sched/backfill",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        "ReturnToService=2",
-        # Finished jobs stay visible to `scontrol show job` for an hour: their state
-        # (COMPLETED, CANCELLED, TIMEOUT) is how the grader tells why a job ended.
-        "MinJobAge=3600",
-        "KillWait=5",
-        "InactiveLimit=0",
-        f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-        "",
-    ])
+    return "\n".join(
+        [
+            "ClusterName=labs",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={folder / 'munge.socket'}",
+            f"StateSaveLocation={folder / 'state'}",
+            f"SlurmdSpoolDir={folder / 'spool'}",
+            f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+            f"SlurmdPidFile={folder / 'slurmd.pid'}",
+            f"SlurmctldLogFile={folder / 'slurmctld.log'}",
+            f"SlurmdLogFile={folder / 'slurmd.log'}",
+            # No cgroups and no systemd: processes tracked by parent id, tasks not bound.
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "MpiDefault=none",
+            "SchedulerType=sched/backfill",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "ReturnToService=2",
+            # Finished jobs stay visible to `scontrol show job` for an hour: their state
+            # (COMPLETED, CANCELLED, TIMEOUT) is how the grader tells why a job ended.
+            "MinJobAge=3600",
+            "KillWait=5",
+            "InactiveLimit=0",
+            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN",
+            "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            "",
+        ]
+    )
 
 
 @dataclass
@@ -131,11 +141,13 @@ class Cluster:
         env.update(SLURM_CONF=str(self.conf), **{TAG_VAR: str(self.folder)})
         return env
 
-    def run(self, args: Sequence[str], timeout: float = 60.0,
-            check: bool = True) -> subprocess.CompletedProcess:
+    def run(
+        self, args: Sequence[str], timeout: float = 60.0, check: bool = True
+    ) -> subprocess.CompletedProcess:
         """Run a Slurm client command against this cluster; its text output."""
-        return subprocess.run(list(args), env=self.env(), capture_output=True, text=True,
-                              timeout=timeout, check=check)
+        return subprocess.run(
+            list(args), env=self.env(), capture_output=True, text=True, timeout=timeout, check=check
+        )
 
     def node_state(self) -> str:
         done = self.run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
@@ -159,8 +171,14 @@ class Cluster:
                 ids = sorted(set(jobs.stdout.split()))
                 if ids:
                     self.run(["scancel", *ids], timeout=10, check=False)
-                    daemons.wait_for(lambda: not self.run(["squeue", "-h", "-o", "%A"], timeout=10,
-                                                     check=False).stdout.strip(), grace_s)
+                    daemons.wait_for(
+                        lambda: (
+                            not self.run(
+                                ["squeue", "-h", "-o", "%A"], timeout=10, check=False
+                            ).stdout.strip()
+                        ),
+                        grace_s,
+                    )
         for p in reversed(self.procs):  # slurmd, then slurmctld, then munged
             daemons.terminate([psutil.Process(p.pid)] if p.poll() is None else [], grace_s)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -174,7 +192,6 @@ class Cluster:
     def tail(self, lines: int = 20) -> str:
         """The end of each daemon's log, to say why something failed."""
         return daemons.tail_logs(self.logs, lines)
-
 
 
 def _tagged(folder: str) -> list[psutil.Process]:
@@ -193,8 +210,6 @@ def _tagged(folder: str) -> list[psutil.Process]:
     return [p for p in found if daemons.alive(p)]
 
 
-
-
 def _start(cluster: Cluster, name: str, args: Sequence[str], env: dict[str, str]) -> None:
     log = cluster.folder / f"{name}.out"
     cluster.logs.append(log)
@@ -204,13 +219,17 @@ def _start(cluster: Cluster, name: str, args: Sequence[str], env: dict[str, str]
 def _check_running(cluster: Cluster, what: str) -> None:
     for p in cluster.procs:
         if p.poll() is not None:
-            raise SlurmClusterError(f"a daemon exited with status {p.returncode} while "
-                                    f"waiting for {what}:\n{cluster.tail()}")
+            raise SlurmClusterError(
+                f"a daemon exited with status {p.returncode} while "
+                f"waiting for {what}:\n{cluster.tail()}"
+            )
 
 
 def _wait(cluster: Cluster, what: str, ready, timeout: float) -> None:
     if not daemons.wait_for(ready, timeout, check=lambda: _check_running(cluster, what)):
-        raise SlurmClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
+        raise SlurmClusterError(
+            f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}"
+        )
 
 
 def _munge_key(folder: Path) -> Path:
@@ -228,25 +247,48 @@ def start(cluster: Cluster, timeout: float) -> None:
     cluster.conf.write_text(config(folder, cluster.cpus, free_port(), free_port()))
     env = cluster.env()
     sock = folder / "munge.socket"
-    _start(cluster, "munged", [program("munged"), "--foreground", "--force",
-                               f"--socket={sock}", f"--key-file={_munge_key(folder)}",
-                               f"--pid-file={folder / 'munged.pid'}",
-                               f"--log-file={folder / 'munged.log'}",
-                               f"--seed-file={folder / 'munged.seed'}"], env)
+    _start(
+        cluster,
+        "munged",
+        [
+            program("munged"),
+            "--foreground",
+            "--force",
+            f"--socket={sock}",
+            f"--key-file={_munge_key(folder)}",
+            f"--pid-file={folder / 'munged.pid'}",
+            f"--log-file={folder / 'munged.log'}",
+            f"--seed-file={folder / 'munged.seed'}",
+        ],
+        env,
+    )
     _wait(cluster, "munged", sock.exists, timeout)
     _start(cluster, "slurmctld", [program("slurmctld"), "-D", "-f", str(cluster.conf)], env)
-    _wait(cluster, "slurmctld", lambda: cluster.run(["scontrol", "ping"], timeout=10,
-                                                    check=False).returncode == 0, timeout)
-    _start(cluster, "slurmd", [program("slurmd"), "-D", "-f", str(cluster.conf),
-                               "-N", cluster.node], env)
+    _wait(
+        cluster,
+        "slurmctld",
+        lambda: cluster.run(["scontrol", "ping"], timeout=10, check=False).returncode == 0,
+        timeout,
+    )
+    _start(
+        cluster,
+        "slurmd",
+        [program("slurmd"), "-D", "-f", str(cluster.conf), "-N", cluster.node],
+        env,
+    )
     cluster.logs += [folder / "slurmctld.log", folder / "slurmd.log"]
-    _wait(cluster, f"node {cluster.node} to be idle",
-          lambda: cluster.node_state().startswith("idle"), timeout)
+    _wait(
+        cluster,
+        f"node {cluster.node} to be idle",
+        lambda: cluster.node_state().startswith("idle"),
+        timeout,
+    )
 
 
 @contextlib.contextmanager
-def local_cluster(cpus: int | None = None, folder: str | os.PathLike | None = None,
-                  timeout: float = 60.0) -> Iterator[Cluster]:
+def local_cluster(
+    cpus: int | None = None, folder: str | os.PathLike | None = None, timeout: float = 60.0
+) -> Iterator[Cluster]:
     """Start a one-node cluster with ``cpus`` CPUs (default: all of this machine's);
     yield the :class:`Cluster`; stop all of it on the way out (see the module docstring)."""
     problem = why_not()

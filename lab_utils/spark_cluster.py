@@ -44,8 +44,9 @@ def spark_home() -> Path:
     try:
         import pyspark
     except ImportError as e:
-        raise SparkClusterError("pyspark is not installed: run `make setup` "
-                                "(or pip install 'labs[spark]')") from e
+        raise SparkClusterError(
+            "pyspark is not installed: run `make setup` (or pip install 'labs[spark]')"
+        ) from e
     home = Path(pyspark.__file__).resolve().parent
     if not (home / "bin" / "spark-class").exists():
         raise SparkClusterError(f"{home} has no bin/spark-class: reinstall pyspark")
@@ -57,8 +58,10 @@ def java() -> str:
     home = os.environ.get("JAVA_HOME")
     found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     if not found or not Path(found).exists():
-        raise SparkClusterError("Spark needs Java 17 or newer: apt-get install "
-                                "openjdk-17-jre-headless (run `make setup` as root)")
+        raise SparkClusterError(
+            "Spark needs Java 17 or newer: apt-get install "
+            "openjdk-17-jre-headless (run `make setup` as root)"
+        )
     return found
 
 
@@ -70,7 +73,7 @@ def free_port() -> int:
 
 def get_json(url: str, timeout: float = 30.0) -> Any:
     """GET a JSON document (the master's ``/json/`` or a driver's REST API)."""
-    with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (local URL)
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.load(r)
 
 
@@ -118,30 +121,37 @@ class Cluster:
         return daemons.tail_logs(self.logs, lines)
 
 
-
-
 def _start(cluster: Cluster, name: str, args: Sequence[str], env: dict[str, str]) -> None:
     log = cluster.work_dir / f"{name}.log"
     cluster.logs.append(log)
-    cluster.procs.append(daemons.start_logged(
-        [str(spark_home() / "bin" / "spark-class"), *args], log, env))
+    cluster.procs.append(
+        daemons.start_logged([str(spark_home() / "bin" / "spark-class"), *args], log, env)
+    )
 
 
 def _wait(cluster: Cluster, what: str, ready: Any, timeout: float) -> None:
     def check() -> None:
         for p in cluster.procs:
             if p.poll() is not None:
-                raise SparkClusterError(f"a Spark JVM exited with status {p.returncode} while "
-                                        f"waiting for {what}:\n{cluster.tail()}")
+                raise SparkClusterError(
+                    f"a Spark JVM exited with status {p.returncode} while "
+                    f"waiting for {what}:\n{cluster.tail()}"
+                )
 
     if not daemons.wait_for(ready, timeout, check=check, poll_s=0.5):
-        raise SparkClusterError(f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}")
+        raise SparkClusterError(
+            f"timed out after {timeout:g}s waiting for {what}:\n{cluster.tail()}"
+        )
 
 
 @contextlib.contextmanager
-def local_cluster(workers: int = 2, cores: int = 1, memory: str = "1g",
-                  work_dir: str | os.PathLike | None = None,
-                  timeout: float = 120.0) -> Iterator[Cluster]:
+def local_cluster(
+    workers: int = 2,
+    cores: int = 1,
+    memory: str = "1g",
+    work_dir: str | os.PathLike | None = None,
+    timeout: float = 120.0,
+) -> Iterator[Cluster]:
     """Start a master and ``workers`` workers (``cores`` and ``memory`` each) on
     127.0.0.1; yield the :class:`Cluster`; stop all of it on the way out."""
     if workers < 1 or cores < 1:
@@ -152,21 +162,54 @@ def local_cluster(workers: int = 2, cores: int = 1, memory: str = "1g",
     wd.mkdir(parents=True, exist_ok=True)
     port, ui_port = free_port(), free_port()
     env = dict(os.environ)
-    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP=HOST, SPARK_LOCAL_HOSTNAME=HOST,
-               SPARK_WORKER_DIR=str(wd), SPARK_LOG_DIR=str(wd),
-               SPARK_DAEMON_MEMORY=env.get("SPARK_DAEMON_MEMORY", "256m"))
+    env.update(
+        SPARK_HOME=str(spark_home()),
+        SPARK_LOCAL_IP=HOST,
+        SPARK_LOCAL_HOSTNAME=HOST,
+        SPARK_WORKER_DIR=str(wd),
+        SPARK_LOG_DIR=str(wd),
+        SPARK_DAEMON_MEMORY=env.get("SPARK_DAEMON_MEMORY", "256m"),
+    )
     cluster = Cluster(url=f"spark://{HOST}:{port}", ui_url=f"http://{HOST}:{ui_port}", work_dir=wd)
     try:
-        _start(cluster, "master", ["org.apache.spark.deploy.master.Master", "--host", HOST,
-                                   "--port", str(port), "--webui-port", str(ui_port)], env)
+        _start(
+            cluster,
+            "master",
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui_port),
+            ],
+            env,
+        )
         _wait(cluster, "the master", lambda: cluster.state().get("status") == "ALIVE", timeout)
         for i in range(workers):
-            _start(cluster, f"worker-{i + 1}", [
-                "org.apache.spark.deploy.worker.Worker", "--host", HOST, "--cores", str(cores),
-                "--memory", memory, "--webui-port", str(free_port()), "--work-dir", str(wd),
-                cluster.url], env)
-        _wait(cluster, f"{workers} workers", lambda: len(cluster.alive_workers()) >= workers,
-              timeout)
+            _start(
+                cluster,
+                f"worker-{i + 1}",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    HOST,
+                    "--cores",
+                    str(cores),
+                    "--memory",
+                    memory,
+                    "--webui-port",
+                    str(free_port()),
+                    "--work-dir",
+                    str(wd),
+                    cluster.url,
+                ],
+                env,
+            )
+        _wait(
+            cluster, f"{workers} workers", lambda: len(cluster.alive_workers()) >= workers, timeout
+        )
         yield cluster
     finally:
         cluster.stop()

@@ -26,8 +26,9 @@ class Tensors:
     y_test: torch.Tensor
 
     def to(self, device: torch.device | str) -> Tensors:
-        return Tensors(*(t.to(device) for t in (self.x_train, self.y_train,
-                                                self.x_test, self.y_test)))
+        return Tensors(
+            *(t.to(device) for t in (self.x_train, self.y_train, self.x_test, self.y_test))
+        )
 
 
 def load(n_train: int, n_test: int, seed: int = 0, name: str = "fashion-mnist") -> Tensors:
@@ -59,6 +60,8 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
     dev = next(model.parameters()).device
     right = 0
     for i in range(0, len(x), batch_size):
-        right += int((model(x[i:i + batch_size].to(dev)).argmax(1).cpu() == y[i:i + batch_size]).sum())
+        right += int(
+            (model(x[i : i + batch_size].to(dev)).argmax(1).cpu() == y[i : i + batch_size]).sum()
+        )
     model.train(was)
     return right / len(x)

@@ -47,12 +47,15 @@ class Corpus:
     ids: torch.Tensor
     files: int
 
-    def batch(self, batch_size: int, seq_len: int, step: int, seed: int = 0
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+    def batch(
+        self, batch_size: int, seq_len: int, step: int, seed: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs ``(B, T)`` and next-character targets; the same on every rank for
         the same ``step`` and ``seed``, so split and unsplit runs see equal data."""
         if len(self.ids) <= seq_len + 1:
-            raise ValueError(f"corpus of {len(self.ids)} characters is too short for seq_len={seq_len}")
+            raise ValueError(
+                f"corpus of {len(self.ids)} characters is too short for seq_len={seq_len}"
+            )
         g = torch.Generator().manual_seed(seed * 1_000_003 + step)
         start = torch.randint(0, len(self.ids) - seq_len - 1, (batch_size,), generator=g)
         rows = start[:, None] + torch.arange(seq_len + 1)

@@ -55,12 +55,12 @@ class _Mark(torch.autograd.Function):
     """Identity whose backward calls ``callback`` (to timestamp the backward pass)."""
 
     @staticmethod
-    def forward(ctx, x, anchor, callback):  # noqa: ANN001
+    def forward(ctx, x, anchor, callback):
         ctx.callback = callback
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         ctx.callback()
         return grad, None, None
 
@@ -109,7 +109,9 @@ class TimedStage(nn.Module):
         with counter.hooks():
             for layer in self.layers:
                 if not marked and x.is_floating_point():
-                    x = _Mark.apply(x, self._anchor, lambda: self._backward_ended(mb, counter.bytes))
+                    x = _Mark.apply(
+                        x, self._anchor, lambda: self._backward_ended(mb, counter.bytes)
+                    )
                     marked = True
                 x = layer(x)
         if not marked:
@@ -143,7 +145,7 @@ class StageTimer:
             torch.cuda.synchronize(device)
         return time.time()
 
-    def _record(self, stage, kind: str, mb: int, call, saved: int | None = None):  # noqa: ANN001, ANN202
+    def _record(self, stage, kind: str, mb: int, call, saved: int | None = None):
         start = self._now(stage.device)
         if saved is None:
             out = call()
@@ -153,21 +155,25 @@ class StageTimer:
             with counter.hooks():
                 out = call()
             nbytes = counter.bytes
-        self.events.append(Event(self.rank, kind, mb, start, self._now(stage.device), nbytes,
-                                 stage.stage_index))
+        self.events.append(
+            Event(self.rank, kind, mb, start, self._now(stage.device), nbytes, stage.stage_index)
+        )
         return out
 
-    def _wrap(self, stage) -> None:  # noqa: ANN001
-        forward, backward, weight = (stage.forward_one_chunk, stage.backward_one_chunk,
-                                     stage.backward_weight_one_chunk)
+    def _wrap(self, stage) -> None:
+        forward, backward, weight = (
+            stage.forward_one_chunk,
+            stage.backward_one_chunk,
+            stage.backward_weight_one_chunk,
+        )
 
-        def timed_forward(mb, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def timed_forward(mb, *args, **kwargs):
             return self._record(stage, "F", mb, lambda: forward(mb, *args, **kwargs), saved=0)
 
-        def timed_backward(mb, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def timed_backward(mb, *args, **kwargs):
             return self._record(stage, "B", mb, lambda: backward(mb, *args, **kwargs))
 
-        def timed_weight(mb, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def timed_weight(mb, *args, **kwargs):
             return self._record(stage, "W", mb, lambda: weight(mb, *args, **kwargs))
 
         stage.forward_one_chunk = timed_forward
@@ -175,7 +181,7 @@ class StageTimer:
         stage.backward_weight_one_chunk = timed_weight
 
 
-def schedule_actions(schedule) -> dict[int, list[tuple[int, str, int]]]:  # noqa: ANN001
+def schedule_actions(schedule) -> dict[int, list[tuple[int, str, int]]]:
     """Per rank, the compute blocks ``(stage, kind, micro-batch)`` of a
     ``torch.distributed.pipelining`` schedule, in the order it runs them: F; B for a
     whole backward or the backward for the inputs; W for the backward for the weights.
@@ -198,8 +204,11 @@ def schedule_actions(schedule) -> dict[int, list[tuple[int, str, int]]]:  # noqa
             if a is None:
                 continue
             flat.extend(a.sub_actions if a.sub_actions else [a])
-        out[rank] = [(a.stage_index, kinds[a.computation_type.value], a.microbatch_index)
-                     for a in flat if a.computation_type.value in kinds]
+        out[rank] = [
+            (a.stage_index, kinds[a.computation_type.value], a.microbatch_index)
+            for a in flat
+            if a.computation_type.value in kinds
+        ]
     return out
 
 
@@ -253,8 +262,10 @@ def in_flight(events: Sequence[Event | dict]) -> dict[int, tuple[int, int]]:
         for e in ev:
             if e.kind != "F":
                 released[(e.at, e.mb)] = max(released.get((e.at, e.mb), e.end), e.end)
-        changes = sorted([(e.end, 1, fwd_bytes[(e.at, e.mb)]) for e in ev if e.kind == "F"]
-                         + [(t, -1, -fwd_bytes.get(k, 0)) for k, t in released.items()])
+        changes = sorted(
+            [(e.end, 1, fwd_bytes[(e.at, e.mb)]) for e in ev if e.kind == "F"]
+            + [(t, -1, -fwd_bytes.get(k, 0)) for k, t in released.items()]
+        )
         n = b = peak_n = peak_b = 0
         for _, dn, db in changes:
             n, b = n + dn, b + db
@@ -269,6 +280,7 @@ def in_flight(events: Sequence[Event | dict]) -> dict[int, tuple[int, int]]:
 # block it waits for on the neighbouring stage (its activations, or its gradient) has
 # ended, plus the overhead this run measured for that kind of block on that stage
 # (messages, the loss, Python); it then lasts as long as it was measured to last.
+
 
 def schedule_order(schedule: str, p: int, m: int, rank: int) -> list[tuple[str, int]]:
     """The blocks ``(kind, micro-batch)`` that ``rank`` runs, in the order of
@@ -330,8 +342,9 @@ def leads(events: Sequence[Event | dict]) -> dict[tuple[int, str], list[float]]:
         for key in order:
             e = by_key[key]
             dep = by_key.get(_waits_for(e.kind, e.mb, e.at, n) or (-1, "", -1))
-            ready = max([t for t in (prev_end, dep.end if dep else None) if t is not None],
-                        default=None)
+            ready = max(
+                [t for t in (prev_end, dep.end if dep else None) if t is not None], default=None
+            )
             if ready is not None:
                 out.setdefault((e.at, e.kind), []).append(max(e.start - ready, 0.0))
             prev_end = e.end
@@ -371,8 +384,10 @@ def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence
     after: dict[tuple[int, str, int], tuple[int, str, int] | None] = {}
     nxt = dict.fromkeys(orders, 0)
     if sum(len(o) for o in orders.values()) != len(measured):
-        raise ValueError(f"the schedule has {sum(len(o) for o in orders.values())} blocks, the "
-                         f"timeline {len(measured)}: the timeline is not this schedule's")
+        raise ValueError(
+            f"the schedule has {sum(len(o) for o in orders.values())} blocks, the "
+            f"timeline {len(measured)}: the timeline is not this schedule's"
+        )
     while len(placed) < len(measured):
         progressed = False
         for r in orders:
@@ -383,18 +398,26 @@ def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence
             if dep is not None and dep not in placed:
                 continue
             prev = orders[r][nxt[r] - 1] if nxt[r] else None
-            bound = max((k for k in (prev, dep) if k is not None),
-                        key=lambda k: placed[k].end, default=None)
+            bound = max(
+                (k for k in (prev, dep) if k is not None), key=lambda k: placed[k].end, default=None
+            )
             start = placed[bound].end + lead.get((stage, kind), 0.0) if bound else t0
-            placed[key] = Event(r, kind, mb, start,
-                                start + measured[key].end - measured[key].start,
-                                stage=stage if stage != r or n != p else -1)
+            placed[key] = Event(
+                r,
+                kind,
+                mb,
+                start,
+                start + measured[key].end - measured[key].start,
+                stage=stage if stage != r or n != p else -1,
+            )
             after[key] = bound
             nxt[r] += 1
             progressed = True
         if not progressed:
-            raise ValueError(f"{schedule} cannot order these blocks (a block waits for one "
-                             "that never runs): the timeline is not this schedule's")
+            raise ValueError(
+                f"{schedule} cannot order these blocks (a block waits for one "
+                "that never runs): the timeline is not this schedule's"
+            )
     path, key = [], max(placed, key=lambda k: placed[k].end)
     while key is not None:
         path.append(key)

@@ -111,11 +111,15 @@ def from_events(events: Iterable[dict[str, Any]]) -> Trace:
     autograd's backward runs there on a CPU (and in its own thread on a GPU, whose
     operators only launch kernels). Everything is clipped to the recorded steps."""
     xs = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    step_events = sorted((e for e in xs if str(e.get("name", "")).startswith(STEP_PREFIX)),
-                         key=lambda e: float(e["ts"]))
+    step_events = sorted(
+        (e for e in xs if str(e.get("name", "")).startswith(STEP_PREFIX)),
+        key=lambda e: float(e["ts"]),
+    )
     if not step_events:
-        raise ValueError("no ProfilerStep# spans: record with a torch.profiler schedule "
-                         "and call prof.step() after each training step")
+        raise ValueError(
+            "no ProfilerStep# spans: record with a torch.profiler schedule "
+            "and call prof.step() after each training step"
+        )
     t0 = float(step_events[0]["ts"])
 
     def span(e: dict[str, Any]) -> Interval:
@@ -144,9 +148,13 @@ def summary(t: Trace) -> dict[str, float]:
     """Per-step averages in milliseconds and the overlap fraction of one rank's trace."""
     n = max(1, len(t.steps))
     comm, both = total(t.comm), intersection(t.compute, t.comm)
-    return {"step_ms": total(t.steps) / n / 1e3, "compute_ms": total(t.compute) / n / 1e3,
-            "comm_ms": comm / n / 1e3, "exposed_comm_ms": (comm - both) / n / 1e3,
-            "overlap": overlap_fraction(t.compute, t.comm)}
+    return {
+        "step_ms": total(t.steps) / n / 1e3,
+        "compute_ms": total(t.compute) / n / 1e3,
+        "comm_ms": comm / n / 1e3,
+        "exposed_comm_ms": (comm - both) / n / 1e3,
+        "overlap": overlap_fraction(t.compute, t.comm),
+    }
 
 
 def per_step(t: Trace, kind: str = "all_reduce") -> float:

@@ -20,11 +20,14 @@ import torch.distributed as tdist
 
 # function name -> (counted as, which argument holds the full-size tensor)
 # (FSDP2 calls the *_single names in recent torch, the *_tensor ones before.)
-_WRAPPED = {"all_reduce": ("all_reduce", 0, "tensor"), "broadcast": ("broadcast", 0, "tensor"),
-            "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
-            "all_gather_single": ("all_gather", 0, "output_tensor"),
-            "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
-            "reduce_scatter_single": ("reduce_scatter", 1, "input")}
+_WRAPPED = {
+    "all_reduce": ("all_reduce", 0, "tensor"),
+    "broadcast": ("broadcast", 0, "tensor"),
+    "all_gather_into_tensor": ("all_gather", 0, "output_tensor"),
+    "all_gather_single": ("all_gather", 0, "output_tensor"),
+    "reduce_scatter_tensor": ("reduce_scatter", 1, "input"),
+    "reduce_scatter_single": ("reduce_scatter", 1, "input"),
+}
 
 
 class Counter(defaultdict):

@@ -98,9 +98,13 @@ def _in_notebook() -> bool:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: Iterable, loss_fn: LossFn | None = None,
-             device: torch.device | str | None = None,
-             autocast_dtype: torch.dtype | None = None) -> dict[str, float]:
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    loss_fn: LossFn | None = None,
+    device: torch.device | str | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, float]:
     """Loss and accuracy of ``model`` over ``loader``, summed exactly over all ranks.
 
     Each rank evaluates its own samples and the sums (loss, correct, count) are
@@ -158,13 +162,23 @@ class Trainer:
             requests, NaN); each costs one tiny all-reduce.
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, *,
-                 loss_fn: LossFn | None = None, scheduler: Any = None,
-                 device: torch.device | str | None = None,
-                 callbacks: Sequence[Callback] = (), max_seconds: float | None = None,
-                 progress: bool | None = None, metrics_path: str | Path | None = None,
-                 checkpoint_path: str | Path | None = None, grad_accum_steps: int = 1,
-                 autocast_dtype: torch.dtype | None = None, sync_every: int = 25) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        loss_fn: LossFn | None = None,
+        scheduler: Any = None,
+        device: torch.device | str | None = None,
+        callbacks: Sequence[Callback] = (),
+        max_seconds: float | None = None,
+        progress: bool | None = None,
+        metrics_path: str | Path | None = None,
+        checkpoint_path: str | Path | None = None,
+        grad_accum_steps: int = 1,
+        autocast_dtype: torch.dtype | None = None,
+        sync_every: int = 25,
+    ) -> None:
         if grad_accum_steps < 1:
             raise ValueError("grad_accum_steps must be >= 1")
         self.model = model
@@ -194,8 +208,9 @@ class Trainer:
         self.stop_reason = ""
 
     # ------------------------------------------------------------------ fitting
-    def fit(self, train_loader: Iterable, epochs: int,
-            val_loader: Iterable | None = None) -> History:
+    def fit(
+        self, train_loader: Iterable, epochs: int, val_loader: Iterable | None = None
+    ) -> History:
         """Train until ``epochs`` epochs are complete (counting resumed ones)."""
         self.stop_training, self.stop_reason = False, ""
         start = time.perf_counter() - self.elapsed
@@ -206,8 +221,9 @@ class Trainer:
             while self.epoch < epochs and not self.stop_training:
                 row = self._train_epoch(train_loader, epochs, bar)
                 if val_loader is not None:
-                    val = evaluate(self.model, val_loader, self.loss_fn, self.device,
-                                   self.autocast_dtype)
+                    val = evaluate(
+                        self.model, val_loader, self.loss_fn, self.device, self.autocast_dtype
+                    )
                     row.update(val_loss=val["loss"], val_acc=val["acc"])
                 self.elapsed = time.perf_counter() - start
                 row["time"] = self.elapsed
@@ -241,8 +257,9 @@ class Trainer:
             xb = xb.to(self.device, non_blocking=True)
             yb = yb.to(self.device, non_blocking=True)
             micro += 1
-            last_micro = micro == self.grad_accum_steps or (n_batches is not None
-                                                             and i == n_batches - 1)
+            last_micro = micro == self.grad_accum_steps or (
+                n_batches is not None and i == n_batches - 1
+            )
             # The mean over the group's micro-batches; a short last group (the epoch's
             # batches do not divide evenly) averages over fewer, not over a full group.
             group = self.grad_accum_steps
@@ -281,15 +298,20 @@ class Trainer:
             self._optimizer_step()
             step_losses.append(loss.detach())
         first = self.step - len(step_losses) + 1
-        for k, (lo, lr) in enumerate(zip(torch.stack(step_losses).tolist() if step_losses
-                                         else [], step_lrs)):
+        for k, (lo, lr) in enumerate(
+            zip(torch.stack(step_losses).tolist() if step_losses else [], step_lrs)
+        ):
             self.history.steps.append({"step": first + k, "loss": lo, "lr": lr})
         self._check_finite(sums[0])
         loss_sum, correct, n = ldist.all_reduce_sum(sums).tolist()
         self.epoch += 1
-        return {"epoch": self.epoch, "step": self.step,
-                "train_loss": loss_sum / max(n, 1), "train_acc": correct / max(n, 1),
-                "lr": step_lrs[-1] if step_lrs else self.optimizer.param_groups[0]["lr"]}
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "train_loss": loss_sum / max(n, 1),
+            "train_acc": correct / max(n, 1),
+            "lr": step_lrs[-1] if step_lrs else self.optimizer.param_groups[0]["lr"],
+        }
 
     def _optimizer_step(self) -> None:
         self.optimizer.step()
@@ -303,7 +325,10 @@ class Trainer:
         """All ranks stop together: budget, callbacks' requests (max over ranks)."""
         wall = time.perf_counter() - self._fit_start
         if self.max_seconds is not None and wall >= self.max_seconds and not self.stop_training:
-            self.stop_training, self.stop_reason = True, f"time budget of {self.max_seconds:g}s spent"
+            self.stop_training, self.stop_reason = (
+                True,
+                f"time budget of {self.max_seconds:g}s spent",
+            )
         flag = torch.tensor([1.0 if self.stop_training else 0.0], dtype=torch.float64)
         others = ldist.world_size() > 1 and ldist.all_reduce_sum(flag).item() > 0
         if others and not self.stop_training:
@@ -314,7 +339,8 @@ class Trainer:
         if ldist.all_reduce_sum(bad).item() > 0:
             raise FloatingPointError(
                 f"training diverged: the loss is not finite at step {self.step} "
-                f"(epoch {self.epoch + 1}). Lower the learning rate or add warm-up.")
+                f"(epoch {self.epoch + 1}). Lower the learning rate or add warm-up."
+            )
 
     # ----------------------------------------------------------------- output
     def _progress_bar(self, loader: Iterable, epochs: int) -> Any:
@@ -364,10 +390,14 @@ class Trainer:
         state.update(
             optimizer=self.optimizer.state_dict(),
             scheduler=self.scheduler.state_dict() if self.scheduler is not None else None,
-            epoch=self.epoch, step=self.step, elapsed=self.elapsed,
+            epoch=self.epoch,
+            step=self.step,
+            elapsed=self.elapsed,
             history=self.history.state_dict(),
-            rng={"torch": torch.get_rng_state(),
-                 "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
+            rng={
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
         )
         return state
 

@@ -71,8 +71,10 @@ def stored_form(text: str) -> str:
         return text
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         return text
-    return json.dumps(clean(nb), indent=1, sort_keys=True, separators=(",", ": "),
-                      ensure_ascii=False) + "\n"
+    return (
+        json.dumps(clean(nb), indent=1, sort_keys=True, separators=(",", ": "), ensure_ascii=False)
+        + "\n"
+    )
 
 
 def main() -> int:

@@ -28,10 +28,35 @@ from lab_utils import data, launch, profile  # noqa: E402
 LAB2 = REPO / "labs" / "lab2_data_parallel" / "scripts"
 LAB4 = REPO / "labs" / "lab4_model_parallel" / "scripts"
 LAB5 = REPO / "labs" / "lab5_systems" / "scripts"
-TRAIN = ["--n-train", "256", "--n-test", "128", "--max-steps", "2", "--batch-size", "16",
-         "--width", "8"]
-TRANSFORMER = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16",
-               "--batch-size", "8", "--steps", "1", "--n-chars", "20000"]
+LAB6 = REPO / "labs" / "lab6_efficiency" / "scripts"
+TRAIN = [
+    "--n-train",
+    "256",
+    "--n-test",
+    "128",
+    "--max-steps",
+    "2",
+    "--batch-size",
+    "16",
+    "--width",
+    "8",
+]
+TRANSFORMER = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "1",
+    "--n-chars",
+    "20000",
+]
 
 
 @dataclass(frozen=True)
@@ -50,38 +75,132 @@ class Job:
 JOBS = {
     "collectives_demo": Job(LAB2 / "collectives_demo.py"),
     "ring_check": Job(LAB2 / "ring_check.py", ("--sizes", "1024", "--repeats", "1")),
-    "ddp_bench": Job(LAB2 / "ddp_bench.py", ("--steps", "2", "--bucket-caps", "25", "--accum", "1",
-                                             "--batch-size", "8", "--width", "8")),
+    "ddp_bench": Job(
+        LAB2 / "ddp_bench.py",
+        (
+            "--steps",
+            "2",
+            "--bucket-caps",
+            "25",
+            "--accum",
+            "1",
+            "--batch-size",
+            "8",
+            "--width",
+            "8",
+        ),
+    ),
     "uneven_shards": Job(LAB2 / "uneven_shards.py", ("--fix", "join", "--batches", "2")),
     "train_ddp": Job(LAB2 / "train_ddp.py", tuple(TRAIN)),
     "train_horovod": Job(LAB2 / "train_horovod.py", tuple(TRAIN), launcher="horovodrun"),
     "hybrid": Job(LAB4 / "hybrid.py", (*TRANSFORMER, "--tp", "2")),
-    "pipeline": Job(LAB4 / "pipeline.py", (*TRANSFORMER, "--schedules", "gpipe",
-                                           "--microbatches", "2", "--repeats", "1")),
+    "pipeline": Job(
+        LAB4 / "pipeline.py",
+        (*TRANSFORMER, "--schedules", "gpipe", "--microbatches", "2", "--repeats", "1"),
+    ),
     "sharded": Job(LAB4 / "sharded.py", tuple(TRANSFORMER)),
     "tensor_parallel": Job(LAB4 / "tensor_parallel.py", tuple(TRANSFORMER)),
-    "easgd": Job(LAB5 / "easgd.py", ("--methods", "sgd", "--taus", "1", "--steps", "4",
-                                     "--batch-size", "16", "--hidden", "16", "--n-train", "200",
-                                     "--n-test", "50", "--eval-every", "100")),
-    "elastic_train": Job(LAB5 / "elastic_train.py", ("--steps", "4", "--n-train", "200",
-                                                     "--n-test", "50", "--hidden", "16",
-                                                     "--ckpt-every", "2"),
-                         launcher_args=("--max-restarts=1",)),
-    "param_server": Job(LAB5 / "param_server.py", ("--steps", "4", "--batch-size", "16",
-                                                   "--hidden", "16", "--n-train", "200",
-                                                   "--n-test", "50", "--snapshots", "2"),
-                        nprocs=3),
-    "allreduce_timing": Job(REPO / "benchmarks" / "jobs" / "allreduce_timing.py",
-                            ("--sizes", "1024", "--repeats", "1", "--budget-s", "0.1")),
-    "reference_horovod": Job(REPO / "assessment" / "solutions" / "reference_horovod.py",
-                             ("--dataset", "synthetic-cifar10", "--epochs", "1"),
-                             launcher="mpirun", stand_in=256),
+    "easgd": Job(
+        LAB5 / "easgd.py",
+        (
+            "--methods",
+            "sgd",
+            "--taus",
+            "1",
+            "--steps",
+            "4",
+            "--batch-size",
+            "16",
+            "--hidden",
+            "16",
+            "--n-train",
+            "200",
+            "--n-test",
+            "50",
+            "--eval-every",
+            "100",
+        ),
+    ),
+    "elastic_train": Job(
+        LAB5 / "elastic_train.py",
+        (
+            "--steps",
+            "4",
+            "--n-train",
+            "200",
+            "--n-test",
+            "50",
+            "--hidden",
+            "16",
+            "--ckpt-every",
+            "2",
+        ),
+        launcher_args=("--max-restarts=1",),
+    ),
+    "param_server": Job(
+        LAB5 / "param_server.py",
+        (
+            "--steps",
+            "4",
+            "--batch-size",
+            "16",
+            "--hidden",
+            "16",
+            "--n-train",
+            "200",
+            "--n-test",
+            "50",
+            "--snapshots",
+            "2",
+        ),
+        nprocs=3,
+    ),
+    "allreduce_timing": Job(
+        REPO / "benchmarks" / "jobs" / "allreduce_timing.py",
+        ("--sizes", "1024", "--repeats", "1", "--budget-s", "0.1"),
+    ),
+    "pipeline_schedules": Job(
+        LAB4 / "pipeline_schedules.py",
+        (
+            *TRANSFORMER,
+            "--layers",
+            "4",
+            "--schedules",
+            "1f1b",
+            "--microbatches",
+            "4",
+            "--repeats",
+            "1",
+        ),
+    ),
+    "context_parallel": Job(
+        LAB4 / "context_parallel.py",
+        ("--d-model", "32", "--seq-len", "32", "--seq-lens", "32", "--repeats", "1"),
+    ),
+    "experts": Job(LAB4 / "experts.py", (*TRANSFORMER, "--experts", "2")),
+    "reshard_checkpoint": Job(
+        LAB4 / "reshard_checkpoint.py", (*TRANSFORMER, "--save", "ckpt", "--reference", "ref.pt")
+    ),
+    "ddp_by_hand": Job(LAB6 / "ddp_by_hand.py", (*TRANSFORMER, "--bucket-kb", "4", "--no-timing")),
+    "profile_ddp": Job(
+        LAB6 / "profile_ddp.py",
+        (*TRANSFORMER, "--active", "1", "--out", "trace"),
+        launcher="mpirun",
+    ),
+    "predicted_bytes": Job(LAB6 / "predicted_bytes.py", ("--strategies", "ddp", "pp")),
+    "reference_horovod": Job(
+        REPO / "assessment" / "solutions" / "reference_horovod.py",
+        ("--dataset", "synthetic-cifar10", "--epochs", "1"),
+        launcher="mpirun",
+        stand_in=256,
+    ),
 }
 
 # A rank that a signal ended, as torchrun ("exitcode  : -6", "Signal 6 (SIGABRT)"),
 # mpirun ("exited on signal 6") and horovodrun report it.
-_SIGNAL = re.compile(r"exitcode\s*:\s*-\d+|signal \d+|\bSIG(?:ABRT|SEGV|BUS|KILL|TERM)\b",
-                     re.IGNORECASE)
+_SIGNAL = re.compile(
+    r"exitcode\s*:\s*-\d+|signal \d+|\bSIG(?:ABRT|SEGV|BUS|KILL|TERM)\b", re.IGNORECASE
+)
 
 
 def verdict(result: launch.LaunchResult) -> str:
@@ -102,12 +221,21 @@ def run_once(job: Job, timeout: float) -> tuple[str, launch.LaunchResult]:
     with tempfile.TemporaryDirectory(prefix="exit_soak_") as tmp:
         env = {"LABS_PROFILE": "quick", **job.env}
         if job.stand_in:
-            data.write_synthetic_cifar10(Path(tmp) / "data" / "synthetic-cifar10",
-                                         n_train=job.stand_in, n_test=64)
+            data.write_synthetic_cifar10(
+                Path(tmp) / "data" / "synthetic-cifar10", n_train=job.stand_in, n_test=64
+            )
             env["LABS_DATA"] = str(Path(tmp) / "data")
-        result = launch.run(job.script, list(job.args), nprocs=job.nprocs, launcher=job.launcher,
-                            timeout=timeout, env=env, cwd=tmp, echo=False,
-                            launcher_args=list(job.launcher_args))
+        result = launch.run(
+            job.script,
+            list(job.args),
+            nprocs=job.nprocs,
+            launcher=job.launcher,
+            timeout=timeout,
+            env=env,
+            cwd=tmp,
+            echo=False,
+            launcher_args=list(job.launcher_args),
+        )
     return verdict(result), result
 
 
@@ -121,19 +249,25 @@ def soak(name: str, job: Job, runs: int, timeout: float) -> collections.Counter:
         print(f"{name} {i + 1}/{runs}: {ending} ({result.elapsed:.0f} s)", flush=True)
         if ending != "clean":
             print(result.output[-1500:], flush=True)
-    print(f"{name}: {endings['clean']}/{runs} clean in {time.monotonic() - start:.0f} s", flush=True)
+    print(
+        f"{name}: {endings['clean']}/{runs} clean in {time.monotonic() - start:.0f} s", flush=True
+    )
     return endings
 
 
 def table(rows: dict[str, tuple[Job, collections.Counter]]) -> str:
-    lines = ["| job | launcher | runs | clean | abnormal | abnormal endings |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| job | launcher | runs | clean | abnormal | abnormal endings |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, (job, endings) in rows.items():
         runs = sum(endings.values())
         bad = {k: v for k, v in endings.items() if k != "clean"}
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted(bad.items())) or "–"
-        lines.append(f"| {name} | {job.launcher} | {runs} | {endings['clean']} | "
-                     f"{runs - endings['clean']} | {kinds} |")
+        lines.append(
+            f"| {name} | {job.launcher} | {runs} | {endings['clean']} | "
+            f"{runs - endings['clean']} | {kinds} |"
+        )
     return "\n".join(lines)
 
 
@@ -141,14 +275,22 @@ def main() -> int:
     p = profile.script_parser(__doc__.splitlines()[0])
     p.add_argument("jobs", nargs="*", help=f"'all' or some of: {', '.join(JOBS)}")
     p.add_argument("--runs", type=int, default=50, help="runs of each job, in a row")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds before a run counts as hung")
+    p.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before a run counts as hung"
+    )
     p.add_argument("--script", type=Path, help="a script of your own instead of named jobs")
     p.add_argument("--nprocs", type=int, default=2)
     p.add_argument("--launcher", choices=launch.LAUNCHERS, default="torchrun")
     args, extra = p.parse_known_args()
     if args.script:
-        jobs = {args.script.stem: Job(args.script.resolve(), tuple(a for a in extra if a != "--"),
-                                      args.nprocs, args.launcher)}
+        jobs = {
+            args.script.stem: Job(
+                args.script.resolve(),
+                tuple(a for a in extra if a != "--"),
+                args.nprocs,
+                args.launcher,
+            )
+        }
     else:
         unknown = [j for j in args.jobs if j != "all" and j not in JOBS]
         if unknown or not args.jobs or extra:

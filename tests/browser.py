@@ -28,9 +28,16 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 # Root in a container: no sandbox; no GPU, network services or first-run questions.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def chromium() -> str | None:
@@ -49,8 +56,11 @@ def make_lab_command() -> list[str]:
         raise AssertionError("the Makefile has no `lab:` recipe")
     line = m.group(1)
     root = "--allow-root" if os.geteuid() == 0 else ""
-    line = (line.replace("$(VENV)", str(Path(sys.executable).parent.parent))
-            .replace("$(ALLOW_ROOT)", root).replace("$(LAB_ARGS)", ""))
+    line = (
+        line.replace("$(VENV)", str(Path(sys.executable).parent.parent))
+        .replace("$(ALLOW_ROOT)", root)
+        .replace("$(LAB_ARGS)", "")
+    )
     return shlex.split(line)
 
 
@@ -94,26 +104,44 @@ def jupyter_lab(tmp: Path, timeout: float = 120) -> Iterator[Lab]:
     port, token, marker = _free_port(), secrets.token_hex(16), secrets.token_hex(8)
     home = tmp / "home"
     home.mkdir()
-    env = dict(os.environ, HOME=str(home), LABS_BROWSER_TEST=marker,
-               JUPYTER_CONFIG_DIR=str(home / ".jupyter"),
-               JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-               JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
-               JUPYTERLAB_SETTINGS_DIR=str(home / "user-settings"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH"))
-                                          if p))
+    env = dict(
+        os.environ,
+        HOME=str(home),
+        LABS_BROWSER_TEST=marker,
+        JUPYTER_CONFIG_DIR=str(home / ".jupyter"),
+        JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+        JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"),
+        JUPYTERLAB_SETTINGS_DIR=str(home / "user-settings"),
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    )
     # Running a notebook must not rewrite the course's copy: no autosave in this fresh
     # profile, and whatever was saved anyway is put back on the way out.
     plugin = home / "user-settings" / "@jupyterlab" / "docmanager-extension"
     plugin.mkdir(parents=True)
     (plugin / "plugin.jupyterlab-settings").write_text('{"autosave": false}')
-    notebooks = {p: p.read_bytes() for p in (REPO / "labs").rglob("*.ipynb")
-                 if ".ipynb_checkpoints" not in p.parts}
-    cmd = [*make_lab_command(), "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--IdentityProvider.token={token}"]
+    notebooks = {
+        p: p.read_bytes()
+        for p in (REPO / "labs").rglob("*.ipynb")
+        if ".ipynb_checkpoints" not in p.parts
+    }
+    cmd = [
+        *make_lab_command(),
+        "--no-browser",
+        f"--port={port}",
+        "--ip=127.0.0.1",
+        f"--IdentityProvider.token={token}",
+    ]
     log = tmp / "jupyterlab.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     lab = Lab(f"http://127.0.0.1:{port}", token, proc, marker, log)
     try:
         deadline = time.monotonic() + timeout
@@ -169,8 +197,12 @@ def browser_page(lab: Lab, tmp: Path) -> Iterator[Any]:
     profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp))
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(profile), executable_path=exe, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1400, "height": 1000})
+            str(profile),
+            executable_path=exe,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             page = context.pages[0] if context.pages else context.new_page()
             page.on("console", lambda m: m.type == "error" and lab.console.append(m.text))
@@ -192,7 +224,9 @@ def wait_kernel_idle(page: Any, timeout: float) -> None:
     """Wait for the status bar's "Python 3 (ipykernel) | Idle"."""
     page.wait_for_function(
         "() => { const s = document.querySelector('#jp-main-statusbar');"
-        " return s && /ipykernel\\) \\| Idle/.test(s.textContent); }", timeout=timeout * 1000)
+        " return s && /ipykernel\\) \\| Idle/.test(s.textContent); }",
+        timeout=timeout * 1000,
+    )
 
 
 def menu(page: Any, top: str, item: str) -> None:
@@ -201,8 +235,9 @@ def menu(page: Any, top: str, item: str) -> None:
 
 
 def prompts(page: Any) -> list[str]:
-    return page.eval_on_selector_all(".jp-CodeCell .jp-InputArea-prompt",
-                                     "els => els.map(e => e.textContent.trim())")
+    return page.eval_on_selector_all(
+        ".jp-CodeCell .jp-InputArea-prompt", "els => els.map(e => e.textContent.trim())"
+    )
 
 
 def wait_all_run(page: Any, n_code: int, timeout: float) -> list[str]:
@@ -222,4 +257,5 @@ def error_outputs(page: Any) -> list[str]:
         ".jp-OutputArea-output",
         "els => els.filter(e => e.getAttribute('data-mime-type') === 'application/vnd.jupyter.stderr'"
         " && /Traceback|Error:/.test(e.textContent) || e.classList.contains('jp-mod-error'))"
-        ".map(e => e.textContent.slice(0, 2000))")
+        ".map(e => e.textContent.slice(0, 2000))",
+    )

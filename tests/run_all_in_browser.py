@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from browser import (  # noqa: E402  (tests/ is not a package)
+from browser import (
     REPO,
     browser_page,
     error_outputs,
@@ -62,8 +62,7 @@ def busy(n: int) -> Iterator[None]:
 
 def code_cells(notebook: Path) -> int:
     nb = json.loads(notebook.read_text())
-    return sum(c["cell_type"] == "code" and "".join(c["source"]).strip() != ""
-               for c in nb["cells"])
+    return sum(c["cell_type"] == "code" and "".join(c["source"]).strip() != "" for c in nb["cells"])
 
 
 def run_notebook(notebook: Path, shots: Path, timeout: float) -> dict:
@@ -72,8 +71,11 @@ def run_notebook(notebook: Path, shots: Path, timeout: float) -> dict:
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     rel = notebook.resolve().relative_to(REPO / "labs").as_posix()
-    with tempfile.TemporaryDirectory() as tmp, jupyter_lab(Path(tmp)) as lab, \
-            browser_page(lab, Path(tmp)) as page:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        jupyter_lab(Path(tmp)) as lab,
+        browser_page(lab, Path(tmp)) as page,
+    ):
         open_notebook(page, lab, rel)
         start = time.monotonic()
         menu(page, "Run", "Run All Cells")
@@ -88,8 +90,13 @@ def run_notebook(notebook: Path, shots: Path, timeout: float) -> dict:
             errors = error_outputs(page)
         shot = shots / (rel.replace("/", "__") + ".png")
         page.screenshot(path=shot, full_page=True)
-    return {"notebook": rel, "seconds": round(seconds, 1), "finished": finished,
-            "errors": [e[:500] for e in errors], "screenshot": str(shot)}
+    return {
+        "notebook": rel,
+        "seconds": round(seconds, 1),
+        "finished": finished,
+        "errors": [e[:500] for e in errors],
+        "screenshot": str(shot),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("notebooks", nargs="+", type=Path)
     p.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run beside")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per notebook")
-    p.add_argument("--own-solutions", action="store_true",
-                   help="do not set LABS_SOLUTIONS=1 (the exercises must be written)")
+    p.add_argument(
+        "--own-solutions",
+        action="store_true",
+        help="do not set LABS_SOLUTIONS=1 (the exercises must be written)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "runs" / "run-all-in-browser")
     args = p.parse_args(argv)
     if not args.own_solutions:
@@ -115,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{verdict:6} {r['seconds']:7.1f} s  {r['notebook']}", flush=True)
             for e in r["errors"]:
                 print(f"       {e}", flush=True)
-    (args.out / "results.json").write_text(json.dumps(
-        {"profile": profile, "busy": args.busy, "results": results}, indent=1))
+    (args.out / "results.json").write_text(
+        json.dumps({"profile": profile, "busy": args.busy, "results": results}, indent=1)
+    )
     return 0 if all(r["finished"] and not r["errors"] for r in results) else 1
 
 

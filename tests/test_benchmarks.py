@@ -18,11 +18,11 @@ from conftest import REPO
 if str(REPO) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.insert(0, str(REPO))
 
-from benchmarks import BENCHMARKS, grading, module, notebooks  # noqa: E402
-from benchmarks.__main__ import main, parse_args  # noqa: E402
-from benchmarks.common import Report, Row, Settings, alternate, median, paired_ratios  # noqa: E402
-from benchmarks.notebooks import discover  # noqa: E402
-from benchmarks.table import (  # noqa: E402
+from benchmarks import BENCHMARKS, grading, module, notebooks
+from benchmarks.__main__ import main, parse_args
+from benchmarks.common import Report, Row, Settings, alternate, median, paired_ratios
+from benchmarks.notebooks import discover
+from benchmarks.table import (
     README_END,
     README_START,
     markdown,
@@ -30,7 +30,7 @@ from benchmarks.table import (  # noqa: E402
     update_readme,
     write_json,
 )
-from benchmarks.time_to_accuracy import first_time_reaching  # noqa: E402
+from benchmarks.time_to_accuracy import first_time_reaching
 
 
 def test_alternate_reverses_order_each_round_and_drops_warmup():
@@ -64,17 +64,27 @@ def test_settings_rounds_and_threads():
     assert Settings(quick=True).threads == 1
 
 
-@pytest.mark.parametrize("value, unit, shown", [
-    (1234.5, "img/s", "1,234 img/s"), (12.345, "s", "12.3 s"), (1.5, "x", "1.5 x"),
-    (0.0012, "", "0.0012"), (None, "s", "n/a"), (3.0, "%", "3 %"),
-])
+@pytest.mark.parametrize(
+    "value, unit, shown",
+    [
+        (1234.5, "img/s", "1,234 img/s"),
+        (12.345, "s", "12.3 s"),
+        (1.5, "x", "1.5 x"),
+        (0.0012, "", "0.0012"),
+        (None, "s", "n/a"),
+        (3.0, "%", "3 %"),
+    ],
+)
 def test_row_formatting(value, unit, shown):
     assert Row("m", value, unit).formatted_value() == shown
 
 
 def test_first_time_reaching_a_threshold():
-    epochs = [{"val_acc": 0.88, "time": 10.0}, {"val_acc": 0.905, "time": 20.0},
-              {"val_acc": 0.912, "time": 30.0}]
+    epochs = [
+        {"val_acc": 0.88, "time": 10.0},
+        {"val_acc": 0.905, "time": 20.0},
+        {"val_acc": 0.912, "time": 30.0},
+    ]
     assert first_time_reaching(epochs, 0.90) == 20.0
     assert first_time_reaching(epochs, 0.91) == 30.0
     assert first_time_reaching(epochs, 0.95) is None
@@ -85,7 +95,9 @@ def test_discover_finds_notebooks_but_not_checkpoint_copies(tmp_path):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nbformat.v4.new_notebook(), tmp_path / rel)
     assert [p.relative_to(tmp_path).as_posix() for p in discover(tmp_path)] == [
-        "lab1/a.ipynb", "lab2/b.ipynb"]
+        "lab1/a.ipynb",
+        "lab2/b.ipynb",
+    ]
 
 
 def test_a_failing_notebook_is_reported_and_the_others_still_timed(monkeypatch):
@@ -108,8 +120,11 @@ def test_a_failing_notebook_is_reported_and_the_others_still_timed(monkeypatch):
 
 
 def test_grading_sets_each_time_against_the_real_budget(monkeypatch):
-    seconds = {"reference_ddp.py": [60.0, 64.0], "starter.py": [90.0, 100.0],
-               "reference_horovod.py": [80.0, 70.0]}
+    seconds = {
+        "reference_ddp.py": [60.0, 64.0],
+        "starter.py": [90.0, 100.0],
+        "reference_horovod.py": [80.0, 70.0],
+    }
     graded = []
 
     def fake(script, target, launcher):
@@ -137,10 +152,22 @@ def _reports() -> list[Report]:
     return [ok, Report("ddp", "DDP", skipped="no Horovod"), Report("x", "X", error="Boom: bad")]
 
 
-MACHINE = {"date": "2030-01-01 00:00 UTC", "cpu": "Test CPU", "logical_cpus": 2,
-           "physical_cores": 2, "memory_gib": 4.0, "torch_threads": 2, "device": "cpu",
-           "torch": "2.x", "horovod": "", "python": "3.11", "os": "Linux", "commit": "abc",
-           "load_average_start": (0.5, 0.4, 0.3), "load_average_end": (0.6, 0.5, 0.4)}
+MACHINE = {
+    "date": "2030-01-01 00:00 UTC",
+    "cpu": "Test CPU",
+    "logical_cpus": 2,
+    "physical_cores": 2,
+    "memory_gib": 4.0,
+    "torch_threads": 2,
+    "device": "cpu",
+    "torch": "2.x",
+    "horovod": "",
+    "python": "3.11",
+    "os": "Linux",
+    "commit": "abc",
+    "load_average_start": (0.5, 0.4, 0.3),
+    "load_average_end": (0.6, 0.5, 0.4),
+}
 
 
 def test_tables_show_values_skips_and_failures():
@@ -166,8 +193,13 @@ def test_update_readme_replaces_only_the_results_section(tmp_path):
 
 
 def test_command_line_rejects_bad_arguments(capsys):
-    for argv in (["--only", "nope"], ["--repeats", "0"], ["--readme", "--quick"],
-                 ["--readme", "--only", "loader"], ["--from-json", "a.json", "--quick"]):
+    for argv in (
+        ["--only", "nope"],
+        ["--repeats", "0"],
+        ["--readme", "--quick"],
+        ["--readme", "--only", "loader"],
+        ["--from-json", "a.json", "--quick"],
+    ):
         with pytest.raises(SystemExit) as exc:
             parse_args(argv)
         assert exc.value.code == 2
@@ -206,8 +238,13 @@ def test_every_benchmark_module_has_the_interface():
 @pytest.mark.launcher
 def test_quick_run_of_every_benchmark(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Machine:" in proc.stdout and "QUICK MODE" in proc.stdout
     doc = json.loads(out.read_text())

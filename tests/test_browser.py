@@ -38,8 +38,9 @@ except ImportError:
     MISSING.append("playwright (pip install 'lab-utils[browser]')")
 if MISSING and os.environ.get("CI") == "true":
     raise RuntimeError(f"CI must run the browser tests; missing: {', '.join(MISSING)}")
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}; "
-                                "`make setup` installs them")
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"needs {', '.join(MISSING)}; `make setup` installs them"
+)
 
 LAB1 = "lab1_optimisation/02_sgd_minibatches.ipynb"
 LAB2 = "lab2_data_parallel/01_collectives.ipynb"
@@ -60,8 +61,7 @@ def artifacts(request: pytest.FixtureRequest) -> Path:
 
 def code_cells(path: str) -> int:
     nb = json.loads((REPO / "labs" / path).read_text())
-    return sum(c["cell_type"] == "code" and "".join(c["source"]).strip() != ""
-               for c in nb["cells"])
+    return sum(c["cell_type"] == "code" and "".join(c["source"]).strip() != "" for c in nb["cells"])
 
 
 def run_all(page, path: str, artifacts: Path, timeout: float) -> None:
@@ -109,7 +109,9 @@ def test_lab1_explorer_in_browser(tmp_path, artifacts):
             page.wait_for_function(
                 "([el, before]) => { const i = el.querySelector('.jp-OutputArea-output img');"
                 " return i && i.getAttribute('src') !== before; }",
-                arg=[explorer.element_handle(), before], timeout=60_000)
+                arg=[explorer.element_handle(), before],
+                timeout=60_000,
+            )
             wait_kernel_idle(page, 60)
             readout = explorer.locator(".widget-readout").first.inner_text().strip()
             assert readout != "16", "the batch-size slider did not move"
@@ -142,7 +144,9 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
             text = page.eval_on_selector(".jp-NotebookPanel .jp-Notebook", "e => e.textContent")
             ranks = set(re.findall(r"\brank (\d+)[\]:]", text))
             assert ranks >= {"0", "1"}, "no rank-tagged output from both ranks in the notebook"
-            tagged = page.locator(".jp-OutputArea-output", has_text=re.compile(r"rank 1[\]:]")).first
+            tagged = page.locator(
+                ".jp-OutputArea-output", has_text=re.compile(r"rank 1[\]:]")
+            ).first
             tagged.scroll_into_view_if_needed()
             tagged.screenshot(path=artifacts / "02-rank-output.png")
 
@@ -153,11 +157,13 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
             page.keyboard.press("Enter")
             page.keyboard.insert_text(
                 'job = launch.run("scripts/ring_check.py", ["--sizes", "1048576", '
-                '"--repeats", "100000"], nprocs=2, timeout=300)')
+                '"--repeats", "100000"], nprocs=2, timeout=300)'
+            )
             page.keyboard.press("Shift+Enter")
             deadline = time.monotonic() + 120
-            while not any("ring_check.py" in " ".join(p.cmdline()) for p in lab.processes()
-                          if p.is_running()):
+            while not any(
+                "ring_check.py" in " ".join(p.cmdline()) for p in lab.processes() if p.is_running()
+            ):
                 assert time.monotonic() < deadline, "the job never started"
                 time.sleep(0.5)
             time.sleep(3)  # the ranks are at work
@@ -167,13 +173,19 @@ def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
             page.screenshot(path=artifacts / "04-interrupted.png")
             # (Shift+Enter added an empty cell below the interrupted one)
             assert "KeyboardInterrupt" in page.eval_on_selector(
-                ".jp-NotebookPanel .jp-Cell:nth-last-child(2)", "e => e.textContent")
+                ".jp-NotebookPanel .jp-Cell:nth-last-child(2)", "e => e.textContent"
+            )
             # The check that found no error after Run All does see this traceback.
             assert any("KeyboardInterrupt" in e for e in error_outputs(page))
             deadline = time.monotonic() + 30
-            left = [p for p in lab.processes() if p.is_running()
-                    and re.search(r"ring_check|torch\.distributed\.run|lab_utils\.reaper",
-                                  " ".join(p.cmdline()))]
+            left = [
+                p
+                for p in lab.processes()
+                if p.is_running()
+                and re.search(
+                    r"ring_check|torch\.distributed\.run|lab_utils\.reaper", " ".join(p.cmdline())
+                )
+            ]
             while left and time.monotonic() < deadline:
                 time.sleep(0.5)
                 left = [p for p in left if p.is_running() and p.status() != "zombie"]

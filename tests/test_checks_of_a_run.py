@@ -38,7 +38,11 @@ def test_shown_never_raises(capsys):
 def test_script_parser_shows_the_profiles_defaults(monkeypatch):
     monkeypatch.setenv("LABS_PROFILE", "cpu")
     p = profile.script_parser("A script.")
-    p.add_argument("--width", type=int, default=profile.current().pick(quick=1, cpu=16, gpu=64),
-                   help="channels")
+    p.add_argument(
+        "--width",
+        type=int,
+        default=profile.current().pick(quick=1, cpu=16, gpu=64),
+        help="channels",
+    )
     text = p.format_help()
     assert "(default: 16)" in text and "'cpu' profile" in text

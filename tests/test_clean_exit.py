@@ -41,10 +41,18 @@ def exited_cleanly(result: launch.LaunchResult) -> bool:
     return soak.verdict(result) == "clean"
 
 
-def job(*args: str, nprocs: int = 2, launcher: str = "torchrun",
-        env: dict[str, str] | None = None) -> launch.LaunchResult:
-    return launch.run(JOBS / "wrapper_exit.py", list(args), nprocs=nprocs, launcher=launcher,
-                      timeout=180, echo=False, env=env)
+def job(
+    *args: str, nprocs: int = 2, launcher: str = "torchrun", env: dict[str, str] | None = None
+) -> launch.LaunchResult:
+    return launch.run(
+        JOBS / "wrapper_exit.py",
+        list(args),
+        nprocs=nprocs,
+        launcher=launcher,
+        timeout=180,
+        echo=False,
+        env=env,
+    )
 
 
 @pytest.mark.launcher
@@ -72,18 +80,26 @@ def test_the_detector_flags_an_abort_at_exit():
 
 
 def ended(returncode: int = 0, *lines: str, timed_out: bool = False) -> launch.LaunchResult:
-    return launch.LaunchResult(["job"], returncode, 1.0, timed_out=timed_out,
-                               lines=[(0, line) for line in lines])
+    return launch.LaunchResult(
+        ["job"], returncode, 1.0, timed_out=timed_out, lines=[(0, line) for line in lines]
+    )
 
 
 # How each launcher reports a rank that did not end cleanly, as the soak must classify it.
 VERDICTS = {
     "clean": (ended(0, "12 steps, val_acc 80.00%"), "clean"),
     "torchrun, a rank's SIGABRT": (ended(1, "  exitcode  : -6 (pid: 4321)"), "signal"),
-    "mpirun, a rank's signal": (ended(134, "mpirun noticed that process rank 1 with PID 7 on node "
-                                           "x exited on signal 6 (Aborted)."), "signal"),
-    "the abort message, status 0": (ended(0, "terminate called without an active exception"),
-                                    "terminate called"),
+    "mpirun, a rank's signal": (
+        ended(
+            134,
+            "mpirun noticed that process rank 1 with PID 7 on node x exited on signal 6 (Aborted).",
+        ),
+        "signal",
+    ),
+    "the abort message, status 0": (
+        ended(0, "terminate called without an active exception"),
+        "terminate called",
+    ),
     "a failure": (ended(3, "exitcode  : 3 (pid: 1)"), "status 3"),
     "a hang": (ended(-9, timed_out=True), "hung"),
 }
@@ -118,9 +134,15 @@ ENDINGS = {
     "raise SystemExit(5)": ("raise SystemExit(5)", 5, False),
     "sys.exit(0) caught, then SystemExit(4)": (
         "def main():\n    try:\n        sys.exit(0)\n    except SystemExit:\n        pass\n"
-        "    raise SystemExit(4)\nmain()", 4, False),
+        "    raise SystemExit(4)\nmain()",
+        4,
+        False,
+    ),
     "sys.exit(2) caught, then main returns": (
-        "def main():\n    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\nmain()", 0, True),
+        "def main():\n    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\nmain()",
+        0,
+        True,
+    ),
     "Ctrl-C": ("raise KeyboardInterrupt", -2, False),  # Python ends itself with SIGINT
 }
 # An object alive at exit: finalization calls its __del__, os._exit does not.
@@ -129,16 +151,18 @@ FINALIZED = "class Last:\n    def __del__(self):\n        print('finalized', fil
 
 def run_alone(tmp_path, code: str, launched: bool = True) -> subprocess.CompletedProcess:
     script = tmp_path / "job.py"
-    script.write_text("import atexit, sys\n"
-                      "atexit.register(print, 'handler before', file=sys.stderr)\n"
-                      "from lab_utils import dist\n"
-                      "atexit.register(print, 'handler after', file=sys.stderr)\n"
-                      + FINALIZED + code + "\n")
+    script.write_text(
+        "import atexit, sys\n"
+        "atexit.register(print, 'handler before', file=sys.stderr)\n"
+        "from lab_utils import dist\n"
+        "atexit.register(print, 'handler after', file=sys.stderr)\n" + FINALIZED + code + "\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     if launched:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize(("code", "status", "fast"), ENDINGS.values(), ids=ENDINGS.keys())

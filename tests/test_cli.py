@@ -4,8 +4,20 @@ import pytest
 
 from lab_utils import cli, launch, models
 
-TINY = ["--dataset", "fashion-mnist", "--n-train", "512", "--n-test", "300", "--epochs", "1",
-        "--batch-size", "32", "--profile", "quick"]
+TINY = [
+    "--dataset",
+    "fashion-mnist",
+    "--n-train",
+    "512",
+    "--n-test",
+    "300",
+    "--epochs",
+    "1",
+    "--batch-size",
+    "32",
+    "--profile",
+    "quick",
+]
 
 
 def test_single_process_trains_and_saves_a_rebuildable_checkpoint(tmp_path, capsys):
@@ -23,8 +35,15 @@ def test_single_process_trains_and_saves_a_rebuildable_checkpoint(tmp_path, caps
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "horovodrun"])
 def test_under_each_launcher(tmp_path, launcher):
     ck = tmp_path / "model.pt"
-    result = launch.run("lab_utils.cli", [*TINY, "--checkpoint", str(ck)], module=True,
-                        nprocs=2, launcher=launcher, timeout=180, echo=False).check()
+    result = launch.run(
+        "lab_utils.cli",
+        [*TINY, "--checkpoint", str(ck)],
+        module=True,
+        nprocs=2,
+        launcher=launcher,
+        timeout=180,
+        echo=False,
+    ).check()
     final = [m for m in result.metrics if m.get("event") == "final"]
     assert len(final) == 1 and final[0]["world_size"] == 2
     assert "world_size=2" in result.rank_output(0)

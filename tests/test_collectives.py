@@ -30,8 +30,15 @@ def test_ring_all_reduce_sums_any_length_on_every_rank(n, length, dtype):
         torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("op,reduce", [("max", lambda s: s.amax(0)), ("min", lambda s: s.amin(0)),
-                                       ("mean", lambda s: s.mean(0)), ("prod", lambda s: s.prod(0))])
+@pytest.mark.parametrize(
+    "op,reduce",
+    [
+        ("max", lambda s: s.amax(0)),
+        ("min", lambda s: s.amin(0)),
+        ("mean", lambda s: s.mean(0)),
+        ("prod", lambda s: s.prod(0)),
+    ],
+)
 def test_ring_all_reduce_other_ops(op, reduce):
     xs = inputs(3, 10, torch.float64)
     outputs, _ = C.simulate(C.ring_all_reduce, xs, op=op)
@@ -68,8 +75,9 @@ def ring_elements_sent(numel: int, n: int, rank: int) -> int:
 def test_ring_traffic_with_uneven_chunks_is_exact():
     n, numel = 3, 1001
     _, traffic = C.simulate(C.ring_all_reduce, inputs(n, numel, torch.float32))
-    assert [t.bytes_sent for t in traffic] == [4 * ring_elements_sent(numel, n, r)
-                                               for r in range(n)]
+    assert [t.bytes_sent for t in traffic] == [
+        4 * ring_elements_sent(numel, n, r) for r in range(n)
+    ]
 
 
 def test_chunk_sizes_differ_by_at_most_one_and_add_up():
@@ -172,8 +180,9 @@ def test_ring_time_model():
 def test_ring_matches_dist_all_reduce_in_real_processes():
     """Three processes (an odd ring) over Gloo: groups of 2 and 3, awkward lengths,
     float and int, plus per-rank traffic from the real communicator."""
-    result = launch.run(RING_CHECK, ["--sizes", "1000", "--repeats", "1"], nprocs=3,
-                        timeout=120, echo=False).check()
+    result = launch.run(
+        RING_CHECK, ["--sizes", "1000", "--repeats", "1"], nprocs=3, timeout=120, echo=False
+    ).check()
     checks = [m for m in result.metrics if m["event"] == "ring_check"]
     assert {m["world_size"] for m in checks} == {2, 3}
     assert {m["dtype"] for m in checks} == {"float32", "int64"}
@@ -181,6 +190,5 @@ def test_ring_matches_dist_all_reduce_in_real_processes():
         assert m["max_rel_err"] <= (1e-6 if m["dtype"] == "float32" else 0.0), m
     ring = [m for m in result.metrics if m["event"] == "traffic" and m["algo"] == "ring"]
     server = [m for m in result.metrics if m["event"] == "traffic" and m["algo"] == "server"]
-    assert [m["bytes_sent"] for m in ring] == [4 * ring_elements_sent(1000, 3, r)
-                                               for r in range(3)]
+    assert [m["bytes_sent"] for m in ring] == [4 * ring_elements_sent(1000, 3, r) for r in range(3)]
     assert server[0]["bytes_received"] == C.server_bytes(4000, 3)

@@ -137,9 +137,12 @@ def test_offline_without_a_copy_says_where_it_looked_and_what_to_put_there(tmp_p
     with pytest.raises(DataError) as info:
         data.load("cifar10", root=tmp_path / "mine", download=False)
     message = str(info.value)
-    for place in (tmp_path / "mine", tmp_path / "datasets" / "cifar-10-batches-py",
-                  tmp_path / "cache" / "cifar10" / "cifar-10-batches-py",
-                  tmp_path / "system" / "cifar10" / "cifar-10-batches-py"):
+    for place in (
+        tmp_path / "mine",
+        tmp_path / "datasets" / "cifar-10-batches-py",
+        tmp_path / "cache" / "cifar10" / "cifar-10-batches-py",
+        tmp_path / "system" / "cifar10" / "cifar-10-batches-py",
+    ):
         assert str(place) in message
     assert "data_batch_1" in message and "batches.meta" in message
     assert "download=False" in message and "LABS_DATA" in message
@@ -220,7 +223,9 @@ def test_truncated_and_foreign_pickles_are_refused(tmp_path):
     folder = data.write_synthetic_cifar10(tmp_path / "syn", **SMALL)
     batch = folder / "data_batch_2"
     batch.write_bytes(batch.read_bytes()[:3000])
-    with pytest.raises(DataError, match="data_batch_2: cannot read it as a CIFAR-10 pickle.*truncated"):
+    with pytest.raises(
+        DataError, match="data_batch_2: cannot read it as a CIFAR-10 pickle.*truncated"
+    ):
         data.load("synthetic-cifar10", root=folder)
 
     marker = tmp_path / "code-ran"
@@ -283,8 +288,9 @@ def http_folder(tmp_path):
         def log_message(self, *args):
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
-                                             functools.partial(Quiet, directory=str(www)))
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(www))
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield www, f"http://127.0.0.1:{server.server_address[1]}/"
@@ -325,14 +331,17 @@ def test_fashion_mnist_download_verifies_each_file(http_folder, fmnist_dir, tmp_
         data.download_fashion_mnist(dest, base_url=url)
     # Verified files were kept; the bad one left nothing behind, not even a partial file.
     assert sorted(p.name for p in dest.iterdir()) == sorted(
-        n for n in data.FASHION_MNIST_SHA256 if not n.startswith("t10k-labels"))
+        n for n in data.FASHION_MNIST_SHA256 if not n.startswith("t10k-labels")
+    )
 
 
 # --------------------------------------------------------------------------- Dataset.subset
 def test_subset_is_random_reproducible_and_keeps_pairs():
     n = 100
     x = torch.arange(n, dtype=torch.uint8).reshape(n, 1, 1, 1)
-    ds = data.Dataset("toy", x, torch.arange(n), x[:20], torch.arange(20), ("a",), (0.5,), (0.5,), "-")
+    ds = data.Dataset(
+        "toy", x, torch.arange(n), x[:20], torch.arange(20), ("a",), (0.5,), (0.5,), "-"
+    )
     a, b, c = ds.subset(10, 5, seed=1), ds.subset(10, 5, seed=1), ds.subset(10, 5, seed=2)
     assert len(a.x_train) == 10 and len(a.x_test) == 5
     assert torch.equal(a.y_train, b.y_train) and not torch.equal(a.y_train, c.y_train)

@@ -8,18 +8,51 @@ from lab_utils import dist
     ("env", "expected"),
     [
         ({}, ("single", 0, 1, 0)),
-        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-          "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}, ("torchrun", 1, 2, 1)),
-        ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-          "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-          "OMPI_MCA_ess_base_jobid": "123"}, ("mpirun", 3, 4, 1)),
-        ({"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "3"},
-         ("mpirun", 2, 3, 2)),
-        ({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_RANK": "1",
-          "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-          "HOROVOD_GLOO_RENDEZVOUS_PORT": "4567"}, ("horovodrun", 1, 2, 1)),
-        ({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1",
-          "SLURM_NTASKS_PER_NODE": "8"}, ("slurm", 5, 8, 1)),
+        (
+            {
+                "RANK": "1",
+                "WORLD_SIZE": "2",
+                "LOCAL_RANK": "1",
+                "LOCAL_WORLD_SIZE": "2",
+                "MASTER_ADDR": "10.0.0.1",
+                "MASTER_PORT": "29500",
+            },
+            ("torchrun", 1, 2, 1),
+        ),
+        (
+            {
+                "OMPI_COMM_WORLD_RANK": "3",
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+                "OMPI_MCA_ess_base_jobid": "123",
+            },
+            ("mpirun", 3, 4, 1),
+        ),
+        (
+            {"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "2", "MPI_LOCALNRANKS": "3"},
+            ("mpirun", 2, 3, 2),
+        ),
+        (
+            {
+                "HOROVOD_RANK": "1",
+                "HOROVOD_SIZE": "2",
+                "HOROVOD_LOCAL_RANK": "1",
+                "HOROVOD_LOCAL_SIZE": "2",
+                "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+                "HOROVOD_GLOO_RENDEZVOUS_PORT": "4567",
+            },
+            ("horovodrun", 1, 2, 1),
+        ),
+        (
+            {
+                "SLURM_PROCID": "5",
+                "SLURM_NTASKS": "8",
+                "SLURM_LOCALID": "1",
+                "SLURM_NTASKS_PER_NODE": "8",
+            },
+            ("slurm", 5, 8, 1),
+        ),
     ],
 )
 def test_detect_each_launcher(env, expected):
@@ -30,8 +63,11 @@ def test_detect_each_launcher(env, expected):
 
 
 def test_mpirun_without_rendezvous_derives_the_same_port_on_every_rank():
-    base = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-            "OMPI_MCA_ess_base_jobid": "987"}
+    base = {
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        "OMPI_MCA_ess_base_jobid": "987",
+    }
     ports = {dist.detect({**base, "OMPI_COMM_WORLD_RANK": str(r)}).master_port for r in (0, 1)}
     assert len(ports) == 1
     port = ports.pop()
@@ -42,15 +78,24 @@ def test_mpirun_without_rendezvous_derives_the_same_port_on_every_rank():
 
 
 def test_multi_node_without_master_addr_is_a_clear_error():
-    env = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
     with pytest.raises(RuntimeError, match="MASTER_ADDR"):
         dist.detect(env)
 
 
 def test_single_process_needs_no_process_group(monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK",
-                "SLURM_PROCID"):
+    for var in (
+        "RANK",
+        "WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "HOROVOD_RANK",
+        "SLURM_PROCID",
+    ):
         monkeypatch.delenv(var, raising=False)
     info = dist.init()
     try:
@@ -66,20 +111,35 @@ def test_single_process_needs_no_process_group(monkeypatch):
 
 
 def test_launcher_environments_become_the_variables_init_process_group_reads():
-    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
-           "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
-           "OMPI_MCA_ess_base_jobid": "123"}
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "4",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "OMPI_MCA_ess_base_jobid": "123",
+    }
     le = dist.set_torch_env_from_launcher(env)
     assert le.launcher == "mpirun"
-    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == \
-        ("3", "4", "1", "4")
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (
+        "3",
+        "4",
+        "1",
+        "4",
+    )
     assert env["MASTER_ADDR"] == "127.0.0.1" and env["MASTER_PORT"] == str(le.master_port)
     assert env["GLOO_SOCKET_IFNAME"] == "lo"  # one machine: loopback
 
 
 def test_torchrun_variables_are_left_alone_and_one_process_gets_a_free_port():
-    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
-           "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "eth0"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "GLOO_SOCKET_IFNAME": "eth0",
+    }
     before = dict(env)
     dist.set_torch_env_from_launcher(env)
     assert env == before
@@ -106,10 +166,14 @@ def test_a_single_process_gets_a_group_only_when_asked(flag, expected):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES")
+    }
     env["CUDA_VISIBLE_DEVICES"] = ""
-    done = subprocess.run([sys.executable, "-c", ALONE, flag], capture_output=True, text=True,
-                          timeout=120, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", ALONE, flag], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == expected

@@ -19,8 +19,9 @@ def test_three_process_evaluation_matches_one_process():
         sys.path.remove(str(JOBS))
     model, x, y = fixed_problem()
     single = evaluate(model, TensorLoader(x, y, 100, shuffle=False, mean=(0.5,), std=(0.25,)))
-    result = launch.run(JOBS / "dist_eval.py", nprocs=3, launcher="torchrun", timeout=120,
-                        echo=False).check()
+    result = launch.run(
+        JOBS / "dist_eval.py", nprocs=3, launcher="torchrun", timeout=120, echo=False
+    ).check()
     (got,) = result.metrics
     assert got["n"] == single["n"] == 1001
     assert got["acc"] == single["acc"]  # exact: counts are summed, nothing padded

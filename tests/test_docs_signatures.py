@@ -70,9 +70,13 @@ def _resolve(module, name: str, owner: str | None = None):
     obj = getattr(module, name, None)
     if obj is not None and callable(obj):
         return obj
-    methods = {id(m): m for cls in vars(module).values()
-               if inspect.isclass(cls) and cls.__module__ == module.__name__
-               for m in [getattr(cls, name, None)] if m is not None and callable(m)}
+    methods = {
+        id(m): m
+        for cls in vars(module).values()
+        if inspect.isclass(cls) and cls.__module__ == module.__name__
+        for m in [getattr(cls, name, None)]
+        if m is not None and callable(m)
+    }
     return next(iter(methods.values())) if len(methods) == 1 else None
 
 
@@ -85,7 +89,7 @@ def documented_signatures() -> list[tuple[str, str, list[str]]]:
     out = []
     for i, head in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else text.find("\n## ", head.end())
-        body = text[head.end():end if end > 0 else len(text)]
+        body = text[head.end() : end if end > 0 else len(text)]
         module = importlib.import_module(head.group(1))
         for call in CALL.finditer(body):
             owner, name, args = call.groups()
@@ -101,25 +105,37 @@ SIGNATURES = documented_signatures()
 
 def test_the_page_documents_signatures():
     assert len(SIGNATURES) >= 30
-    assert {m for m, _, _ in SIGNATURES} >= {"lab_utils.train", "lab_utils.launch",
-                                             "lab_utils.regression", "lab_utils.optim"}
+    assert {m for m, _, _ in SIGNATURES} >= {
+        "lab_utils.train",
+        "lab_utils.launch",
+        "lab_utils.regression",
+        "lab_utils.optim",
+    }
 
 
-@pytest.mark.parametrize(("module", "name", "params"), SIGNATURES,
-                         ids=[f"{m}.{n}" for m, n, _ in SIGNATURES])
+@pytest.mark.parametrize(
+    ("module", "name", "params"), SIGNATURES, ids=[f"{m}.{n}" for m, n, _ in SIGNATURES]
+)
 def test_documented_signature_matches_the_code(module, name, params):
     mod = importlib.import_module(module)
     owner, _, short = name.rpartition(".")
     obj = _resolve(mod, short, owner or None)
     assert obj is not None, f"{module} documents {name}(), which it does not have"
     actual = code_params(obj)
-    assert params == actual, (f"docs/ARCHITECTURE.md: {module}.{name}({', '.join(params)}) "
-                              f"but the code has ({', '.join(actual)})")
+    assert params == actual, (
+        f"docs/ARCHITECTURE.md: {module}.{name}({', '.join(params)}) "
+        f"but the code has ({', '.join(actual)})"
+    )
 
 
 def test_a_wrong_signature_is_caught():
     from lab_utils import train
+
     assert documented_params("model, optimizer, *, loss_fn=None, **kw") == [
-        "model", "optimizer", "loss_fn", "**kw"]
+        "model",
+        "optimizer",
+        "loss_fn",
+        "**kw",
+    ]
     assert documented_params("a, b=(1, 2), *, c: int = 3") == ["a", "b", "c"]
     assert documented_params("model, loader") != code_params(train.evaluate)

@@ -32,11 +32,11 @@ def test_unfinished_exercise_says_what_to_do(monkeypatch):
 
 def test_a_never_run_exercise_cell_is_named(monkeypatch):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
-    hint = downstream_hint(NameError("name 'normal_equations' is not defined",
-                                     name="normal_equations"))
+    hint = downstream_hint(
+        NameError("name 'normal_equations' is not defined", name="normal_equations")
+    )
     assert hint is not None and "has not been run" in hint and "lab1.normal_equations" in hint
     assert downstream_hint(NameError("name 'xyz' is not defined", name="xyz")) is None
-
 
 
 @pytest.mark.parametrize("key", ["lab4.training_state_bytes", "lab5.adam_server_update"])
@@ -51,11 +51,14 @@ def test_a_lab_added_later_is_searched_too(monkeypatch, tmp_path):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
     from lab_utils import solutions
 
-    (tmp_path / "lab99.py").write_text("def pipeline_bubble(stages, micro_batches):\n    return 0\n")
+    (tmp_path / "lab99.py").write_text(
+        "def pipeline_bubble(stages, micro_batches):\n    return 0\n"
+    )
     monkeypatch.setattr(solutions, "__path__", [*solutions.__path__, str(tmp_path)])
     monkeypatch.delitem(sys.modules, "lab_utils.solutions.lab99", raising=False)
-    hint = downstream_hint(NameError("name 'pipeline_bubble' is not defined",
-                                     name="pipeline_bubble"))
+    hint = downstream_hint(
+        NameError("name 'pipeline_bubble' is not defined", name="pipeline_bubble")
+    )
     assert hint is not None and "lab99.pipeline_bubble" in hint
 
 
@@ -63,6 +66,7 @@ def test_a_lab_added_later_is_searched_too(monkeypatch, tmp_path):
 def test_names_a_solution_module_imports_or_hides_are_no_exercise(monkeypatch, name):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
     assert downstream_hint(NameError(f"name '{name}' is not defined", name=name)) is None
+
 
 def test_student_solution_is_used_without_the_switch(monkeypatch):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)

@@ -35,8 +35,10 @@ FAST = SUBMISSIONS / "fast.toml"  # small budget: hangs and overruns are stopped
 ROOMY = SUBMISSIONS / "roomy.toml"  # ample budget: verdicts on the checkpoint alone
 ASSESSMENT = REPO / "assessment"
 HAS_MPI = shutil.which("mpirun") is not None
-HAS_HOROVOD = (importlib.util.find_spec("horovod") is not None
-               and (Path(sys.executable).parent / "horovodrun").exists())
+HAS_HOROVOD = (
+    importlib.util.find_spec("horovod") is not None
+    and (Path(sys.executable).parent / "horovodrun").exists()
+)
 needs_mpi = pytest.mark.skipif(not HAS_MPI, reason="OpenMPI's mpirun is not installed")
 needs_horovod = pytest.mark.skipif(not HAS_HOROVOD, reason="Horovod is not installed")
 
@@ -48,7 +50,9 @@ def survivors(report: Report) -> list[psutil.Process]:
     alive = []
     for p in psutil.process_iter(["cmdline", "cwd"]):
         try:
-            mine = root in " ".join(p.info["cmdline"] or ()) or (p.info["cwd"] or "").startswith(root)
+            mine = root in " ".join(p.info["cmdline"] or ()) or (p.info["cwd"] or "").startswith(
+                root
+            )
             mine = mine or p.environ().get(sandbox.TAG_VAR) == report.job_id
             if mine and p.status() != psutil.STATUS_ZOMBIE:
                 alive.append(p)
@@ -57,8 +61,9 @@ def survivors(report: Report) -> list[psutil.Process]:
     return alive
 
 
-def run(submission: Path, launcher: str = "torchrun",
-        target: Path | str | targets.Target = FAST, **kw) -> Report:
+def run(
+    submission: Path, launcher: str = "torchrun", target: Path | str | targets.Target = FAST, **kw
+) -> Report:
     """Grade ``submission`` and check what every graded job must leave: nothing."""
     t = target if isinstance(target, targets.Target) else targets.load(target)
     report = grade.grade(submission, t, launcher=launcher, **kw)
@@ -92,18 +97,27 @@ def test_shipped_targets_load_and_gpu_ones_are_marked_to_be_calibrated() -> None
         assert real.calibration.get("reference_runs")
 
 
-@pytest.mark.parametrize("change, problem", [
-    ({"dataset": "mnist"}, "dataset"),
-    ({"accuracy": 1.5}, "accuracy"),
-    ({"budget_s": "fast"}, "budget_s"),
-    ({"archs": []}, "archs"),
-    ({"launcher": "srun"}, "launcher"),
-    ({"colour": "blue"}, "unknown key"),
-    ({"data_parallel": "maybe"}, "data_parallel"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"dataset": "mnist"}, "dataset"),
+        ({"accuracy": 1.5}, "accuracy"),
+        ({"budget_s": "fast"}, "budget_s"),
+        ({"archs": []}, "archs"),
+        ({"launcher": "srun"}, "launcher"),
+        ({"colour": "blue"}, "unknown key"),
+        ({"data_parallel": "maybe"}, "data_parallel"),
+    ],
+)
 def test_a_bad_target_names_the_key(change: dict, problem: str) -> None:
-    raw = {"dataset": "fashion-mnist", "accuracy": 0.9, "budget_s": 60, "processes": 2,
-           "archs": ["fmnist_cnn"], **change}
+    raw = {
+        "dataset": "fashion-mnist",
+        "accuracy": 0.9,
+        "budget_s": 60,
+        "processes": 2,
+        "archs": ["fmnist_cnn"],
+        **change,
+    }
     with pytest.raises(targets.TargetError, match=problem):
         targets.from_dict(raw, "x.toml")
 
@@ -149,7 +163,9 @@ def test_read_checks_the_contract(tmp_path: Path) -> None:
     assert reason(checkpoint.read, save(p, [1, 2]), 10) == "bad_checkpoint"
     bare = good_checkpoint()["state_dict"]
     assert reason(checkpoint.read, save(p, bare), 10) == "bad_checkpoint"
-    assert reason(checkpoint.read, save(p, {**good_checkpoint(), "arch": 3}), 10) == "bad_checkpoint"
+    assert (
+        reason(checkpoint.read, save(p, {**good_checkpoint(), "arch": 3}), 10) == "bad_checkpoint"
+    )
     assert reason(checkpoint.read, save(p, good_checkpoint()), 1e-3) == "bad_checkpoint"  # size
     assert checkpoint.read(save(p, good_checkpoint()), 10)["arch"] == "resnet_cifar"
 
@@ -203,8 +219,9 @@ def test_impossible_kwargs_are_the_submissions_fault() -> None:
 
 def test_a_model_for_another_dataset_is_refused_before_evaluation() -> None:
     cifar_model = models.build("resnet_cifar", width=8)  # 3 x 32 x 32 images, 10 classes
-    fmnist = grade.TestSplit(torch.zeros(4, 1, 28, 28, dtype=torch.uint8),
-                             torch.arange(4), (0.5,), (0.25,))
+    fmnist = grade.TestSplit(
+        torch.zeros(4, 1, 28, 28, dtype=torch.uint8), torch.arange(4), (0.5,), (0.25,)
+    )
     assert reason(grade.check_fits, cifar_model, fmnist) == "wrong_arch"
     few_classes = models.build("fmnist_cnn", width=8, num_classes=3)
     assert reason(grade.check_fits, few_classes, fmnist) == "wrong_arch"  # label 3 has no logit
@@ -276,9 +293,16 @@ def test_cli_usage_and_target_errors_are_grader_errors(tmp_path: Path) -> None:
 def test_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
     assert 'lab-grade = "assessment.grade:main"' in text
-    result = subprocess.run([sys.executable, "-m", "assessment.grade", "--help"], cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0 and "--launcher" in result.stdout and "Exit codes" in result.stdout
+    result = subprocess.run(
+        [sys.executable, "-m", "assessment.grade", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        result.returncode == 0 and "--launcher" in result.stdout and "Exit codes" in result.stdout
+    )
 
 
 # --------------------------------------------------------------------------- working directory
@@ -312,11 +336,16 @@ def test_leftover_checks_find_a_detached_tagged_process(tmp_path: Path) -> None:
     root = tmp_path / "lab-grade-x"
     (root / "work").mkdir(parents=True)
     tag = "fixture-tag-0b7c"
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd="/",
-                            env={**os.environ, sandbox.TAG_VAR: tag}, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        cwd="/",
+        env={**os.environ, sandbox.TAG_VAR: tag},
+        start_new_session=True,
+    )
     try:
-        fake = Report("s.py", "t", "d", "torchrun", 2, 1, 1, 0.5, workdir=str(root / "work"),
-                      job_id=tag)
+        fake = Report(
+            "s.py", "t", "d", "torchrun", 2, 1, 1, 0.5, workdir=str(root / "work"), job_id=tag
+        )
         assert [p.pid for p in survivors(fake)] == [proc.pid]
         assert sandbox.reap_leftovers(tag, root) == 1
         proc.wait(timeout=10)  # already reaped by the check: no status left to read
@@ -343,8 +372,9 @@ PROCESS_CASES = [
 @pytest.mark.launcher
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("name, target, why, words", PROCESS_CASES)
-def test_bad_process_behaviour_gets_a_verdict(name: str, target: Path, why: str, words: str,
-                                              launcher: str) -> None:
+def test_bad_process_behaviour_gets_a_verdict(
+    name: str, target: Path, why: str, words: str, launcher: str
+) -> None:
     r = run(fixture(name), launcher, target)
     assert (r.reason, r.exit_code) == (why, 1 if why == "timeout" else 2), r.text()
     assert words in r.message
@@ -381,8 +411,9 @@ def test_bad_checkpoint_gets_a_verdict(name: str, why: str, launcher: str, words
 
 
 @pytest.mark.launcher
-def test_pickled_code_is_refused_and_never_runs(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pickled_code_is_refused_and_never_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = tmp_path / "pwned"
     monkeypatch.setenv("FIXTURE_PWNED_MARKER", str(marker))
     r = run(fixture("pickled_code"), "torchrun", ROOMY, keep=True)
@@ -421,12 +452,22 @@ STARTER_BUDGET_S = {"cpu-2proc": 25.0, "cpu-cifar-standin": 10.0}  # idle: 87 s 
 
 GOOD_CASES = [
     ("reference_ddp.py", "torchrun", "cpu-2proc", "passed"),
-    pytest.param("reference_horovod.py", "mpirun", "cpu-2proc", "passed",
-                 marks=[needs_mpi, needs_horovod, pytest.mark.horovod]),
+    pytest.param(
+        "reference_horovod.py",
+        "mpirun",
+        "cpu-2proc",
+        "passed",
+        marks=[needs_mpi, needs_horovod, pytest.mark.horovod],
+    ),
     ("starter.py", "torchrun", "cpu-2proc", "fails on time"),
     pytest.param("reference_ddp.py", "mpirun", "cpu-cifar-standin", "passed", marks=needs_mpi),
-    pytest.param("reference_horovod.py", "horovodrun", "cpu-cifar-standin", "passed",
-                 marks=[needs_horovod, pytest.mark.horovod]),
+    pytest.param(
+        "reference_horovod.py",
+        "horovodrun",
+        "cpu-cifar-standin",
+        "passed",
+        marks=[needs_horovod, pytest.mark.horovod],
+    ),
     pytest.param("starter.py", "mpirun", "cpu-cifar-standin", "fails on time", marks=needs_mpi),
 ]
 
@@ -434,8 +475,9 @@ GOOD_CASES = [
 @pytest.mark.launcher
 @pytest.mark.slow
 @pytest.mark.parametrize("script, launcher, target, expected", GOOD_CASES)
-def test_references_pass_and_the_starter_fails_on_time(script: str, launcher: str, target: str,
-                                                       expected: str) -> None:
+def test_references_pass_and_the_starter_fails_on_time(
+    script: str, launcher: str, target: str, expected: str
+) -> None:
     real = targets.load(target)
     if real.dataset == "fashion-mnist":
         try:

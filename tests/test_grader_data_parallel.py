@@ -32,8 +32,10 @@ REPO = Path(__file__).resolve().parents[1]
 SUBMISSIONS = REPO / "tests" / "submissions"
 SANDBOX_TARGET = SUBMISSIONS / "sandbox.toml"  # Fashion-MNIST, linear model, ample budget
 HAS_MPI = shutil.which("mpirun") is not None
-HAS_HOROVOD = (importlib.util.find_spec("horovod") is not None
-               and (Path(sys.executable).parent / "horovodrun").exists())
+HAS_HOROVOD = (
+    importlib.util.find_spec("horovod") is not None
+    and (Path(sys.executable).parent / "horovodrun").exists()
+)
 
 # A process of the unit tests: ``listen``/``connect`` (the two ends of a connection,
 # moving NBYTES each way), ``self`` (a connection to itself, moving NBYTES), or
@@ -72,8 +74,12 @@ NBYTES = 1_000_000
 
 
 def _peer(role: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", PEER, role, str(NBYTES), *extra],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", PEER, role, str(NBYTES), *extra],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_only_bytes_between_ranks_count(tmp_path: Path) -> None:
@@ -94,12 +100,19 @@ def test_only_bytes_between_ranks_count(tmp_path: Path) -> None:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         watch = SocketWatch()
-        watch.sample([(psutil.Process(r0.pid), 0), (psutil.Process(r1.pid), 1),
-                      (psutil.Process(own.pid), 0), (psutil.Process(r2.pid), 2),
-                      (psutil.Process(), None)])  # a process of no rank: not read
+        watch.sample(
+            [
+                (psutil.Process(r0.pid), 0),
+                (psutil.Process(r1.pid), 1),
+                (psutil.Process(own.pid), 0),
+                (psutil.Process(r2.pid), 2),
+                (psutil.Process(), None),
+            ]
+        )  # a process of no rank: not read
         if watch.unavailable:
-            pytest.skip(f"the kernel does not let this user read another's sockets: "
-                        f"{watch.unavailable}")
+            pytest.skip(
+                f"the kernel does not let this user read another's sockets: {watch.unavailable}"
+            )
         sent, received = watch.per_rank(3)
     finally:
         for p in procs:
@@ -155,8 +168,13 @@ def test_gpu_use_names_the_idle_rank_and_missing_nvml_is_said() -> None:
 
 
 def test_the_target_option_is_checked_and_shipped() -> None:
-    raw = {"dataset": "fashion-mnist", "accuracy": 0.9, "budget_s": 60, "processes": 2,
-           "archs": ["fmnist_cnn"]}
+    raw = {
+        "dataset": "fashion-mnist",
+        "accuracy": 0.9,
+        "budget_s": 60,
+        "processes": 2,
+        "archs": ["fmnist_cnn"],
+    }
     assert targets.from_dict(raw).data_parallel == "require"  # the default
     assert targets.from_dict({**raw, "data_parallel": "warn"}).data_parallel == "warn"
     with pytest.raises(targets.TargetError, match="data_parallel"):
@@ -198,8 +216,11 @@ ALONE = textwrap.dedent('''
     models.save("saving.pt", model)
     os.replace("saving.pt", "checkpoint.pt")
 ''')
-MODES = {"spin": "busy-spin until the checkpoint appears", "exit": "exit at once",
-         "sleep": "sleep until the checkpoint appears"}
+MODES = {
+    "spin": "busy-spin until the checkpoint appears",
+    "exit": "exit at once",
+    "sleep": "sleep until the checkpoint appears",
+}
 
 
 def _sandbox_or_skip() -> targets.Target:
@@ -249,13 +270,22 @@ def test_an_honest_data_parallel_job_passes_with_its_bytes_shown() -> None:
 
 REFERENCES = [
     ("reference_ddp.py", "torchrun"),
-    pytest.param("reference_ddp.py", "mpirun",
-                 marks=pytest.mark.skipif(not HAS_MPI, reason="no mpirun")),
-    pytest.param("reference_horovod.py", "mpirun", marks=[
-        pytest.mark.skipif(not (HAS_MPI and HAS_HOROVOD), reason="no mpirun or Horovod"),
-        pytest.mark.horovod]),
-    pytest.param("reference_horovod.py", "horovodrun", marks=[
-        pytest.mark.skipif(not HAS_HOROVOD, reason="no Horovod"), pytest.mark.horovod]),
+    pytest.param(
+        "reference_ddp.py", "mpirun", marks=pytest.mark.skipif(not HAS_MPI, reason="no mpirun")
+    ),
+    pytest.param(
+        "reference_horovod.py",
+        "mpirun",
+        marks=[
+            pytest.mark.skipif(not (HAS_MPI and HAS_HOROVOD), reason="no mpirun or Horovod"),
+            pytest.mark.horovod,
+        ],
+    ),
+    pytest.param(
+        "reference_horovod.py",
+        "horovodrun",
+        marks=[pytest.mark.skipif(not HAS_HOROVOD, reason="no Horovod"), pytest.mark.horovod],
+    ),
 ]
 
 
@@ -305,8 +335,10 @@ def test_gpu_watch_adds_each_ranks_nvml_samples(monkeypatch: pytest.MonkeyPatch)
     from collections import namedtuple
 
     sample = namedtuple("sample", "pid timeStamp smUtil")
-    feed = [[sample(100, 1, 90), sample(200, 1, 5), sample(300, 1, 50)],
-            [sample(100, 2, 80), sample(200, 2, 0)]]
+    feed = [
+        [sample(100, 1, 90), sample(200, 1, 5), sample(300, 1, 50)],
+        [sample(100, 2, 80), sample(200, 2, 0)],
+    ]
     asked: list[int] = []
 
     class NVMLError(Exception):
@@ -318,10 +350,14 @@ def test_gpu_watch_adds_each_ranks_nvml_samples(monkeypatch: pytest.MonkeyPatch)
             raise NVMLError("no new samples")
         return [s for s in feed.pop(0) if s.timeStamp > since]
 
-    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
-                                 nvmlDeviceGetCount=lambda: 1,
-                                 nvmlDeviceGetHandleByIndex=lambda i: f"gpu{i}",
-                                 nvmlDeviceGetProcessUtilization=utilisation, NVMLError=NVMLError)
+    fake = types.SimpleNamespace(
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: f"gpu{i}",
+        nvmlDeviceGetProcessUtilization=utilisation,
+        NVMLError=NVMLError,
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     gpu = GpuWatch()
     assert gpu.unavailable == ""

@@ -49,8 +49,10 @@ data_parallel = "require"
 """
 CLASS = {  # student -> (file, expected status and verdict)
     "reference_ddp": (REPO / "assessment" / "solutions" / "reference_ddp.py", ("pass", "passed")),
-    "reference_horovod": (REPO / "assessment" / "solutions" / "reference_horovod.py",
-                          ("pass", "passed")),
+    "reference_horovod": (
+        REPO / "assessment" / "solutions" / "reference_horovod.py",
+        ("pass", "passed"),
+    ),
     "starter": (REPO / "assessment" / "starter.py", ("fail", "not_data_parallel")),
     "tamper": (SUBMISSIONS / "tamper.py", ("broken", "wrong_arch")),  # its edits refused
     "crash_one_rank": (SUBMISSIONS / "crash_one_rank.py", ("broken", "crashed")),
@@ -83,11 +85,19 @@ def graded(slurm, tmp_path_factory) -> dict:
     target = tmp / "class.toml"
     target.write_text(TARGET)
     out = tmp / "on-slurm"
-    cmd = lab_grade(str(folder), "--target", str(target), "--slurm", "--out", str(out),
-                    "--poll", "1")
+    cmd = lab_grade(
+        str(folder), "--target", str(target), "--slurm", "--out", str(out), "--poll", "1"
+    )
     start = time.monotonic()
-    first = subprocess.Popen(cmd, cwd=REPO, env=slurm.env(), text=True, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, preexec_fn=_ctrl_c_works)
+    first = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=slurm.env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_ctrl_c_works,
+    )
     lines = []
     for line in first.stdout:  # Ctrl-C once the first verdict is in
         lines.append(line)
@@ -97,15 +107,25 @@ def graded(slurm, tmp_path_factory) -> dict:
     lines += first.stdout.readlines()
     first.wait(timeout=60)
     jobs_after_first = json.loads((out / "slurm" / "jobs.json").read_text())
-    second = subprocess.run(cmd, cwd=REPO, env=slurm.env(), text=True, capture_output=True,
-                            timeout=900)
+    second = subprocess.run(
+        cmd, cwd=REPO, env=slurm.env(), text=True, capture_output=True, timeout=900
+    )
     slurm_s = time.monotonic() - start
     start = time.monotonic()
     local = batch.run_batch(folder, targets.load(target), tmp / "one-machine", echo=False)
-    return {"first": "".join(lines), "first_rc": first.returncode, "second": second.stdout,
-            "second_rc": second.returncode, "out": out, "jobs_after_first": jobs_after_first,
-            "rows": json.loads((out / "results.json").read_text())["rows"], "local": local,
-            "slurm_s": slurm_s, "local_s": time.monotonic() - start, "slurm": slurm}
+    return {
+        "first": "".join(lines),
+        "first_rc": first.returncode,
+        "second": second.stdout,
+        "second_rc": second.returncode,
+        "out": out,
+        "jobs_after_first": jobs_after_first,
+        "rows": json.loads((out / "results.json").read_text())["rows"],
+        "local": local,
+        "slurm_s": slurm_s,
+        "local_s": time.monotonic() - start,
+        "slurm": slurm,
+    }
 
 
 @pytest.mark.launcher
@@ -117,15 +137,17 @@ def test_a_class_graded_on_slurm_gets_the_verdicts_of_the_one_machine_batch(grad
     assert table(graded["local"]) == expected
     assert table(graded["rows"]) == expected, graded["second"]
     assert graded["second_rc"] == 0  # no grader error
-    reports = {n: json.loads((graded["out"] / "reports" / f"{n}.json").read_text())
-               for n in CLASS}
+    reports = {n: json.loads((graded["out"] / "reports" / f"{n}.json").read_text()) for n in CLASS}
     for name, rep in reports.items():  # the same sandbox inside each job
         assert rep["environment"]["sandbox"] == "bubblewrap", name
         assert rep["leftover_processes"] == 0, name
     assert "refused" in "\n".join(reports["tamper"]["output_tail"])
     with open(graded["out"] / "results.csv", newline="") as f:
         assert f.read().count("\n") == 1 + len(CLASS)
-    assert "5 submissions graded against test-slurm-class" in (graded["out"] / "summary.txt").read_text()
+    assert (
+        "5 submissions graded against test-slurm-class"
+        in (graded["out"] / "summary.txt").read_text()
+    )
 
 
 @pytest.mark.launcher
@@ -148,8 +170,11 @@ def test_an_interrupted_batch_resumes_without_grading_or_submitting_twice(graded
     assert jobs == {n: j["job"] for n, j in graded["jobs_after_first"].items()}
     array = {j.split("_")[0] for j in jobs.values()}
     assert len(array) == 1  # one array of 5 tasks, no second submission
-    listed = graded["slurm"].run(["squeue", "-h", "-r", "-t", "all", "-n", slurm_batch.JOB_NAME,
-                                  "-o", "%i"]).stdout.split()
+    listed = (
+        graded["slurm"]
+        .run(["squeue", "-h", "-r", "-t", "all", "-n", slurm_batch.JOB_NAME, "-o", "%i"])
+        .stdout.split()
+    )
     assert len([j for j in listed if j.split("_")[0] in array]) <= len(CLASS)
 
 
@@ -162,10 +187,16 @@ def test_a_job_cancelled_with_scancel_is_reported_as_such(slurm, tmp_path: Path)
     target = tmp_path / "class.toml"
     target.write_text(TARGET)
     out = tmp_path / "grades"
-    proc = subprocess.Popen(lab_grade(str(folder), "--target", str(target), "--slurm",
-                                      "--out", str(out), "--poll", "1"),
-                            cwd=REPO, env=slurm.env(), text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        lab_grade(
+            str(folder), "--target", str(target), "--slurm", "--out", str(out), "--poll", "1"
+        ),
+        cwd=REPO,
+        env=slurm.env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     job = None
     for line in proc.stdout:
         if "running" in line and "slurm:" in line:  # the job runs: its grader has started
@@ -176,8 +207,11 @@ def test_a_job_cancelled_with_scancel_is_reported_as_such(slurm, tmp_path: Path)
     rest = proc.stdout.read()
     assert proc.wait(timeout=120) == 3, rest  # a grader error: not the student's verdict
     row = json.loads((out / "results.json").read_text())["rows"][0]
-    assert (row["status"], row["verdict"], row["slurm_state"]) == ("error", "slurm_killed",
-                                                                  "CANCELLED"), rest
+    assert (row["status"], row["verdict"], row["slurm_state"]) == (
+        "error",
+        "slurm_killed",
+        "CANCELLED",
+    ), rest
     assert f"Slurm job {job} was cancelled (scancel" in row["message"]
     assert "hang: ERROR slurm_killed" in rest
     deadline = time.monotonic() + 30  # and nothing of the job is left on the node
@@ -188,8 +222,9 @@ def test_a_job_cancelled_with_scancel_is_reported_as_such(slurm, tmp_path: Path)
 
 def _job_processes(cluster) -> list:
     daemons = {p.pid for p in cluster.procs}
-    return [p for p in cluster.processes() if p.pid not in daemons
-            and p.name() not in ("slurmscriptd",)]
+    return [
+        p for p in cluster.processes() if p.pid not in daemons and p.name() not in ("slurmscriptd",)
+    ]
 
 
 # --------------------------------------------------------------------------- no cluster
@@ -199,12 +234,19 @@ def _target(tmp_path: Path) -> targets.Target:
     return targets.load(path)
 
 
-@pytest.mark.parametrize("state, words", [("TIMEOUT", "ran past the job's time limit"),
-                                          ("NODE_FAIL", "its node failed"),
-                                          ("PREEMPTED", "was preempted")])
+@pytest.mark.parametrize(
+    "state, words",
+    [
+        ("TIMEOUT", "ran past the job's time limit"),
+        ("NODE_FAIL", "its node failed"),
+        ("PREEMPTED", "was preempted"),
+    ],
+)
 def test_a_job_slurm_killed_gets_its_own_verdict(tmp_path: Path, state: str, words: str) -> None:
     item = {"path": str(tmp_path / "alice.py"), "sha256": "0" * 64}
-    row = slurm_batch.killed_row("alice", item, _target(tmp_path), tmp_path, "7_3", state, "mpirun", 2)
+    row = slurm_batch.killed_row(
+        "alice", item, _target(tmp_path), tmp_path, "7_3", state, "mpirun", 2
+    )
     assert (row["status"], row["verdict"], row["exit_code"]) == ("error", "slurm_killed", 3)
     assert REASONS["slurm_killed"] == "error"
     assert f"Slurm job 7_3 {words}" in row["message"] and f"state {state}" in row["message"]
@@ -228,12 +270,23 @@ def test_final_state_from_sacct_or_else_scontrol(monkeypatch: pytest.MonkeyPatch
 
 def test_sbatch_command_takes_partition_gres_and_time(tmp_path: Path) -> None:
     t = _target(tmp_path)
-    cmd = slurm_batch.sbatch_command(Path("g.sbatch"), Path("m.json"), 30, t, tmp_path,
-                               partition="gpu", gres="gpu:4", time_limit="20",
-                               extra=["--account=course"])
+    cmd = slurm_batch.sbatch_command(
+        Path("g.sbatch"),
+        Path("m.json"),
+        30,
+        t,
+        tmp_path,
+        partition="gpu",
+        gres="gpu:4",
+        time_limit="20",
+        extra=["--account=course"],
+    )
     assert "--array=0-29" in cmd and "--cpus-per-task=2" in cmd and "--time=20" in cmd
     assert "--partition=gpu" in cmd and "--gres=gpu:4" in cmd and "--account=course" in cmd
     assert cmd[-2:] == ["g.sbatch", "m.json"]
     # By default the limit is twice budget + grace, plus 10 minutes: (2 x 960 + 600) s.
-    assert f"--time={slurm_batch.default_time(t)}" in slurm_batch.sbatch_command(
-        Path("g"), Path("m"), 1, t, tmp_path) and slurm_batch.default_time(t) == "42"
+    assert (
+        f"--time={slurm_batch.default_time(t)}"
+        in slurm_batch.sbatch_command(Path("g"), Path("m"), 1, t, tmp_path)
+        and slurm_batch.default_time(t) == "42"
+    )

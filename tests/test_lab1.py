@@ -12,20 +12,27 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+import torch
 
-from lab_utils import data, regression  # noqa: E402
-from lab_utils.checks import CheckFailed  # noqa: E402
-from lab_utils.checks import lab1 as check  # noqa: E402
-from lab_utils.plots import lab1 as lplots  # noqa: E402
-from lab_utils.solutions import lab1 as solution  # noqa: E402
+from lab_utils import data, regression
+from lab_utils.checks import CheckFailed
+from lab_utils.checks import lab1 as check
+from lab_utils.plots import lab1 as lplots
+from lab_utils.solutions import lab1 as solution
 
 LAB = Path(__file__).resolve().parent.parent / "labs" / "lab1_optimisation"
-EXERCISES = ["normal_equations", "mse_gradient", "gradient_descent", "neuron_gradient",
-             "minibatch_sgd", "decayed_lr", "loglog_slope"]
+EXERCISES = [
+    "normal_equations",
+    "mse_gradient",
+    "gradient_descent",
+    "neuron_gradient",
+    "minibatch_sgd",
+    "decayed_lr",
+    "loglog_slope",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -51,8 +58,10 @@ def test_gradient_is_the_derivative_of_the_loss(line):
     x, y = line
     theta = np.array([0.4, -0.3])
     eps = 1e-6
-    numeric = [(regression.mse(x, y, theta + eps * e) - regression.mse(x, y, theta - eps * e))
-               / (2 * eps) for e in np.eye(2)]
+    numeric = [
+        (regression.mse(x, y, theta + eps * e) - regression.mse(x, y, theta - eps * e)) / (2 * eps)
+        for e in np.eye(2)
+    ]
     np.testing.assert_allclose(regression.mse_gradient(x, y, theta), numeric, rtol=1e-6)
 
 
@@ -62,14 +71,17 @@ def test_loss_grid_and_path_losses_match_mse(line):
     assert W.shape == B.shape == L.shape == (2, 3)
     assert L[1, 2] == pytest.approx(regression.mse(x, y, [2.0, 0.5]))
     path = np.array([[0.0, 0.0], [1.0, -1.0]])
-    np.testing.assert_allclose(regression.path_losses(x, y, path),
-                               [regression.mse(x, y, p) for p in path])
+    np.testing.assert_allclose(
+        regression.path_losses(x, y, path), [regression.mse(x, y, p) for p in path]
+    )
 
 
 def test_full_batch_sgd_is_gradient_descent(line):
     x, y = line
-    np.testing.assert_allclose(solution.minibatch_sgd(x, y, [0, 0], 0.05, len(x), 4),
-                               regression.gd_path(x, y, [0, 0], 0.05, 4))
+    np.testing.assert_allclose(
+        solution.minibatch_sgd(x, y, [0, 0], 0.05, len(x), 4),
+        regression.gd_path(x, y, [0, 0], 0.05, 4),
+    )
     path = solution.minibatch_sgd(x, y, [0, 0], 0.01, 64, 2)
     assert path.shape == (2 * regression.updates_per_epoch(200, 64) + 1, 2)
 
@@ -77,8 +89,7 @@ def test_full_batch_sgd_is_gradient_descent(line):
 def test_lambda_max_is_the_hessian_top_eigenvalue(line):
     x, _ = line
     A = np.c_[x, np.ones_like(x)]
-    assert regression.lambda_max(x) == pytest.approx(
-        np.linalg.eigvalsh(2 / len(x) * A.T @ A)[-1])
+    assert regression.lambda_max(x) == pytest.approx(np.linalg.eigvalsh(2 / len(x) * A.T @ A)[-1])
 
 
 def test_loglog_slope_recovers_a_power_law():
@@ -86,13 +97,16 @@ def test_loglog_slope_recovers_a_power_law():
     assert regression.loglog_slope(b, 7.0 / b) == pytest.approx(-1.0)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: regression.mse_gradient(np.ones((3, 2, 2)), np.ones(3), [0, 0, 0]), "1-D or 2-D"),
-    (lambda: regression.mse_gradient(np.ones(3), np.ones(4), [0, 0]), "3 rows but y has 4"),
-    (lambda: regression.mse_gradient(np.ones(3), np.ones(3), [0, 0, 0]), "weights and a bias"),
-    (lambda: regression.gd_path(np.ones(3), np.ones(3), [0, 0], -0.1, 1), "positive"),
-    (lambda: regression.loss_grid(np.ones((3, 2)), np.ones(3), [0], [0]), "single-feature"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: regression.mse_gradient(np.ones((3, 2, 2)), np.ones(3), [0, 0, 0]), "1-D or 2-D"),
+        (lambda: regression.mse_gradient(np.ones(3), np.ones(4), [0, 0]), "3 rows but y has 4"),
+        (lambda: regression.mse_gradient(np.ones(3), np.ones(3), [0, 0, 0]), "weights and a bias"),
+        (lambda: regression.gd_path(np.ones(3), np.ones(3), [0, 0], -0.1, 1), "positive"),
+        (lambda: regression.loss_grid(np.ones((3, 2)), np.ones(3), [0], [0]), "single-feature"),
+    ],
+)
 def test_bad_input_gets_a_clear_error(call, message):
     with pytest.raises(ValueError, match=message):
         call()
@@ -147,23 +161,26 @@ def _sgd_dropping_the_last_batch(X, y, theta0, lr, batch_size, epochs, seed=0):
     for _ in range(epochs):
         order = rng.permutation(len(y))
         for start in range(0, len(y) - batch_size + 1, batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             theta = theta - lr * solution.mse_gradient(X[idx], y[idx], theta)
             path.append(theta)
     return np.array(path)
 
 
-@pytest.mark.parametrize("name, wrong, message", [
-    ("normal_equations", _normal_equations_without_bias, "column of ones"),
-    ("mse_gradient", _mse_gradient_sign_error, "sign is flipped"),
-    ("mse_gradient", _mse_gradient_summed, "divide by n"),
-    ("gradient_descent", _gd_uphill, "against"),
-    ("gradient_descent", _gd_appends_the_same_array, "theta.copy()"),
-    ("neuron_gradient", _neuron_without_tanh_derivative, "tanh'"),
-    ("minibatch_sgd", _sgd_dropping_the_last_batch, "last, smaller batch"),
-    ("decayed_lr", lambda step, lr0, k: lr0 * 0.5 ** (step / k), "exponential"),
-    ("loglog_slope", lambda x, y: float(np.polyfit(x, y, 1)[0]), "np.log"),
-])
+@pytest.mark.parametrize(
+    "name, wrong, message",
+    [
+        ("normal_equations", _normal_equations_without_bias, "column of ones"),
+        ("mse_gradient", _mse_gradient_sign_error, "sign is flipped"),
+        ("mse_gradient", _mse_gradient_summed, "divide by n"),
+        ("gradient_descent", _gd_uphill, "against"),
+        ("gradient_descent", _gd_appends_the_same_array, "theta.copy()"),
+        ("neuron_gradient", _neuron_without_tanh_derivative, "tanh'"),
+        ("minibatch_sgd", _sgd_dropping_the_last_batch, "last, smaller batch"),
+        ("decayed_lr", lambda step, lr0, k: lr0 * 0.5 ** (step / k), "exponential"),
+        ("loglog_slope", lambda x, y: float(np.polyfit(x, y, 1)[0]), "np.log"),
+    ],
+)
 def test_checks_say_what_is_wrong(name, wrong, message):
     with pytest.raises(CheckFailed, match=re.escape(message)):
         getattr(check, f"check_{name}")(wrong)
@@ -181,12 +198,16 @@ def test_unfinished_exercise_is_not_reported_as_a_wrong_answer():
 def test_closed_form_lstsq_and_converged_gd_agree(line):
     x, y = line
     lr = 1.0 / regression.lambda_max(x)
-    solutions = {"normal equations": solution.normal_equations(x, y),
-                 "lstsq": regression.lstsq(x, y),
-                 "gradient descent": regression.gd_path(x, y, [-1.0, 3.0], lr, 600)[-1]}
+    solutions = {
+        "normal equations": solution.normal_equations(x, y),
+        "lstsq": regression.lstsq(x, y),
+        "gradient descent": regression.gd_path(x, y, [-1.0, 3.0], lr, 600)[-1],
+    }
     check.solutions_agree(solutions, rtol=1e-4)
-    unconverged = {**solutions, "gradient descent": regression.gd_path(x, y, [-1.0, 3.0], lr,
-                                                                       20)[-1]}
+    unconverged = {
+        **solutions,
+        "gradient descent": regression.gd_path(x, y, [-1.0, 3.0], lr, 20)[-1],
+    }
     with pytest.raises(CheckFailed, match="gradient descent"):
         check.solutions_agree(unconverged, rtol=1e-4)
 
@@ -208,18 +229,25 @@ def test_autograd_equals_the_hand_derived_gradients(line):
     x, y = line
     theta = torch.tensor([0.3, -0.7], dtype=torch.float64, requires_grad=True)
     ((theta[0] * torch.from_numpy(x) + theta[1] - torch.from_numpy(y)) ** 2).mean().backward()
-    check.gradients_match(solution.mse_gradient(x, y, theta.detach().numpy()),
-                          theta.grad.numpy(), what="MSE gradient")
+    check.gradients_match(
+        solution.mse_gradient(x, y, theta.detach().numpy()), theta.grad.numpy(), what="MSE gradient"
+    )
 
     w = torch.tensor(0.2, dtype=torch.float64, requires_grad=True)
     b = torch.tensor(0.1, dtype=torch.float64, requires_grad=True)
     target = np.tanh(0.8 * x - 1.5)
     ((torch.tanh(w * torch.from_numpy(x) + b) - torch.from_numpy(target)) ** 2).mean().backward()
-    check.gradients_match(solution.neuron_gradient(x, target, 0.2, 0.1),
-                          [w.grad.item(), b.grad.item()], what="tanh neuron gradient")
+    check.gradients_match(
+        solution.neuron_gradient(x, target, 0.2, 0.1),
+        [w.grad.item(), b.grad.item()],
+        what="tanh neuron gradient",
+    )
     with pytest.raises(CheckFailed):
-        check.gradients_match(_neuron_without_tanh_derivative(x, target, 0.2, 0.1),
-                              [w.grad.item(), b.grad.item()], what="tanh neuron gradient")
+        check.gradients_match(
+            _neuron_without_tanh_derivative(x, target, 0.2, 0.1),
+            [w.grad.item(), b.grad.item()],
+            what="tanh neuron gradient",
+        )
 
 
 def test_minibatch_gradient_variance_falls_like_one_over_b():
@@ -227,9 +255,15 @@ def test_minibatch_gradient_variance_falls_like_one_over_b():
     batches = [1, 2, 4, 8, 16, 32, 64]
     rng = np.random.default_rng(0)
     full = regression.mse_gradient(x, y, np.zeros(2))
-    variances = [np.mean([np.sum((regression.mse_gradient(x[i], y[i], np.zeros(2)) - full) ** 2)
-                          for i in (rng.choice(len(y), size=b, replace=False) for _ in range(200))])
-                 for b in batches]
+    variances = [
+        np.mean(
+            [
+                np.sum((regression.mse_gradient(x[i], y[i], np.zeros(2)) - full) ** 2)
+                for i in (rng.choice(len(y), size=b, replace=False) for _ in range(200))
+            ]
+        )
+        for b in batches
+    ]
     slope = check.variance_falls_like_inverse_batch(batches, variances)
     assert -1.25 <= slope <= -0.75
     with pytest.raises(CheckFailed, match="decreases"):
@@ -240,8 +274,10 @@ def test_learning_rate_threshold_is_two_over_lambda_max(line):
     x, y = line
     lam = regression.lambda_max(x)
     below, above = 1.9 / lam, 2.1 / lam
-    losses = {lr: regression.path_losses(x, y, regression.gd_path(x, y, [-1, 3], lr, 150))
-              for lr in (below, above)}
+    losses = {
+        lr: regression.path_losses(x, y, regression.gd_path(x, y, [-1, 3], lr, 150))
+        for lr in (below, above)
+    }
     check.learning_rate_threshold(lam, below, losses[below], above, losses[above])
     assert losses[above][-1] > 1e3 * losses[above][0]
     with pytest.raises(CheckFailed):
@@ -255,7 +291,7 @@ def test_learning_rate_decay_converges_where_a_constant_rate_bounces():
     def tail_distance(lr):
         path = solution.minibatch_sgd(x, y, [-1, 3], lr, 4, 20, seed=0)
         d = np.linalg.norm(path - best, axis=1)
-        return d[-len(d) // 10:].mean()
+        return d[-len(d) // 10 :].mean()
 
     decayed = tail_distance(lambda t: solution.decayed_lr(t, 0.05, 300))
     assert decayed < tail_distance(0.05) / 2
@@ -268,14 +304,15 @@ def test_plots_label_their_axes(line):
     path = regression.gd_path(x, y, [-1, 3], 0.05, 20)
     ax = lplots.loss_contour(*surface, {"GD": path}, optimum=regression.lstsq(x, y))
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("weight w", "bias b")
-    ax = lplots.loglog({"v": ([1, 2, 4], [4.0, 2.0, 1.0])}, xlabel="B", ylabel="var",
-                       guides=(-1,))
+    ax = lplots.loglog({"v": ([1, 2, 4], [4.0, 2.0, 1.0])}, xlabel="B", ylabel="var", guides=(-1,))
     assert ax.get_xscale() == ax.get_yscale() == "log"
     assert any("slope -1" in t.get_text() for t in ax.get_legend().get_texts())
     losses = {"GD": regression.path_losses(x, y, path)}
-    for fig in (lplots.paths_and_losses(*surface, {"GD": path}, losses),
-                lplots.learning_rate_gallery(*surface, {"GD": path}, losses),
-                lplots.parallelism_diagrams()):
+    for fig in (
+        lplots.paths_and_losses(*surface, {"GD": path}, losses),
+        lplots.learning_rate_gallery(*surface, {"GD": path}, losses),
+        lplots.parallelism_diagrams(),
+    ):
         assert fig.axes
     with pytest.raises(ValueError, match="anchor"):
         lplots.loglog({}, xlabel="x", ylabel="y", anchor="middle")
@@ -315,9 +352,11 @@ def test_every_notebook_exercise_has_a_reference_and_a_check():
 def steps_module():
     """steps_to_target.py, imported from the lab folder."""
     import sys
+
     sys.path.insert(0, str(LAB))
     try:
         import steps_to_target
+
         yield steps_to_target
     finally:
         sys.path.remove(str(LAB))
@@ -333,8 +372,9 @@ def test_crossing_is_interpolated_between_checks(steps_module):
 
 
 def test_capped_batches_are_kept_out_of_the_fit(steps_module):
-    setup = steps_module.Setup(batches=(8, 16, 32, 64, 128, 256, 512), lr_smallest=0.003,
-                               lr_max=0.1)
+    setup = steps_module.Setup(
+        batches=(8, 16, 32, 64, 128, 256, 512), lr_smallest=0.003, lr_max=0.1
+    )
     assert setup.cap_batch == pytest.approx(266.67, abs=0.01)
     assert [b for b in setup.batches if setup.capped(b)] == [512]
     assert setup.lr(512) == 0.1 and setup.lr(256) == pytest.approx(0.096)
@@ -348,10 +388,11 @@ def test_capped_batches_are_kept_out_of_the_fit(steps_module):
     # a curve that never bends fails the second claim; one that is too flat the first
     straight = steps_module.Measured(setup, {b: [8000 / b] * 3 for b in setup.batches})
     assert [c.ok for c in steps_module.claims(straight)] == [True, True, False]
-    flat = steps_module.Measured(setup, {b: [1000 * b ** -0.5] * 3 for b in setup.batches})
+    flat = steps_module.Measured(setup, {b: [1000 * b**-0.5] * 3 for b in setup.batches})
     assert not steps_module.claims(flat)[1].ok
-    missing = steps_module.Measured(setup, {b: [None, None, 5] if b == 16 else [100] * 3
-                                            for b in setup.batches})
+    missing = steps_module.Measured(
+        setup, {b: [None, None, 5] if b == 16 else [100] * 3 for b in setup.batches}
+    )
     assert not steps_module.claims(missing)[0].ok
 
 
@@ -363,6 +404,7 @@ def test_steps_to_target_claim_holds_on_the_cpu_profile(steps_module):
     seeds, one thread: deterministic), asserted; each claim prints its margin
     (``pytest -rP`` shows it). Without the data it fails (it does not skip)."""
     from lab_utils import profile
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -30,31 +30,70 @@ SCRIPTS = LAB / "scripts"
 NOTEBOOKS = sorted(LAB.glob("*.ipynb"))
 QUICK = {"LABS_PROFILE": "quick"}
 # A tiny run of every training script: a few steps on a small subset.
-TINY = ["--n-train", "512", "--n-test", "256", "--max-steps", "4", "--batch-size", "32",
-        "--width", "8"]
-CIFAR = ["--dataset", "synthetic-cifar10", "--n-train", "256", "--n-test", "128",
-         "--max-steps", "2", "--batch-size", "16", "--width", "8"]
+TINY = [
+    "--n-train",
+    "512",
+    "--n-test",
+    "256",
+    "--max-steps",
+    "4",
+    "--batch-size",
+    "32",
+    "--width",
+    "8",
+]
+CIFAR = [
+    "--dataset",
+    "synthetic-cifar10",
+    "--n-train",
+    "256",
+    "--n-test",
+    "128",
+    "--max-steps",
+    "2",
+    "--batch-size",
+    "16",
+    "--width",
+    "8",
+]
 
 sys.path.insert(0, str(LAB))
 import multinode  # noqa: E402
 
 
 def horovod_available() -> bool:
-    return (importlib.util.find_spec("horovod") is not None
-            and importlib.util.find_spec("horovod.torch") is not None
-            and (Path(sys.executable).parent / "horovodrun").exists())
+    return (
+        importlib.util.find_spec("horovod") is not None
+        and importlib.util.find_spec("horovod.torch") is not None
+        and (Path(sys.executable).parent / "horovodrun").exists()
+    )
 
 
 needs_horovod = pytest.mark.skipif(not horovod_available(), reason="Horovod is not installed")
 
 
-def run(script: str, args, *, nprocs: int = 2, launcher: str = "torchrun", timeout: float = 240,
-        env=None, tmp: Path | None = None) -> launch.LaunchResult:
+def run(
+    script: str,
+    args,
+    *,
+    nprocs: int = 2,
+    launcher: str = "torchrun",
+    timeout: float = 240,
+    env=None,
+    tmp: Path | None = None,
+) -> launch.LaunchResult:
     job_env = dict(QUICK, **(env or {}))
     if tmp is not None:
         job_env["LABS_RUNS"] = str(tmp)
-    return launch.run(SCRIPTS / script, [str(a) for a in args], nprocs=nprocs,
-                      launcher=launcher, timeout=timeout, echo=False, env=job_env)
+    return launch.run(
+        SCRIPTS / script,
+        [str(a) for a in args],
+        nprocs=nprocs,
+        launcher=launcher,
+        timeout=timeout,
+        echo=False,
+        env=job_env,
+    )
 
 
 def summary(result: launch.LaunchResult) -> dict:
@@ -81,12 +120,18 @@ def test_notebook_scripts_equal_the_committed_files():
             assert rel not in written, f"{rel} is written by two notebooks"
             written[rel] = nb.name
             committed = (LAB / rel).read_text()
-            assert body.rstrip("\n") == committed.rstrip("\n"), \
+            assert body.rstrip("\n") == committed.rstrip("\n"), (
                 f"{nb.name} writes {rel} differently from the committed file"
+            )
     for name in ("uneven_shards.py", "ring_check.py", "collectives_demo.py"):
         assert f"scripts/{name}" in written, f"no notebook writes scripts/{name}"
-    for name in ("train_serial.py", "train_ddp.py", "train_horovod.py", "common.py",
-                 "ddp_bench.py"):  # shown from disk (or as a concept), never rewritten
+    for name in (
+        "train_serial.py",
+        "train_ddp.py",
+        "train_horovod.py",
+        "common.py",
+        "ddp_bench.py",
+    ):  # shown from disk (or as a concept), never rewritten
         assert f"scripts/{name}" not in written, f"a notebook rewrites scripts/{name}"
 
 
@@ -101,8 +146,9 @@ def step_names(nb_path: Path) -> dict[int, str]:
     raise AssertionError(f"{nb_path.name} defines no STEP_NAMES")
 
 
-@pytest.mark.parametrize("nb_name, script", [("02_ddp.ipynb", "train_ddp.py"),
-                                             ("03_horovod.ipynb", "train_horovod.py")])
+@pytest.mark.parametrize(
+    "nb_name, script", [("02_ddp.ipynb", "train_ddp.py"), ("03_horovod.ipynb", "train_horovod.py")]
+)
 def test_notebooks_show_the_scripts_on_disk_and_name_every_step(nb_name, script):
     from lab_utils.plots import lab2 as plots
 
@@ -110,18 +156,27 @@ def test_notebooks_show_the_scripts_on_disk_and_name_every_step(nb_name, script)
     assert f'show_diff("scripts/train_serial.py", "scripts/{script}"' in source
     if nb_name == "02_ddp.ipynb":  # the serial script is printed once, from the file
         assert 'Code(filename="scripts/train_serial.py"' in source
-    steps = plots.diff_steps((SCRIPTS / "train_serial.py").read_text(),
-                             (SCRIPTS / script).read_text())
+    steps = plots.diff_steps(
+        (SCRIPTS / "train_serial.py").read_text(), (SCRIPTS / script).read_text()
+    )
     assert sorted(step_names(LAB / nb_name)) == [s.step for s in steps] == list(range(8))
 
 
 def test_ddp_script_makes_the_real_calls_itself():
     code = (SCRIPTS / "train_ddp.py").read_text()
-    for call in ("dist.init_process_group(backend, timeout=", "torch.cuda.set_device(device)",
-                 "DDP(model, device_ids=[local_rank]", "train.set_epoch(epoch)",
-                 "rank=rank, world_size=world_size", "dist.all_reduce(sums)",
-                 "if rank == 0:", "dist.barrier()", "dist.destroy_process_group()",
-                 "optim.scale_lr(", "warmup_start=args.lr / lr"):
+    for call in (
+        "dist.init_process_group(backend, timeout=",
+        "torch.cuda.set_device(device)",
+        "DDP(model, device_ids=[local_rank]",
+        "train.set_epoch(epoch)",
+        "rank=rank, world_size=world_size",
+        "dist.all_reduce(sums)",
+        "if rank == 0:",
+        "dist.barrier()",
+        "dist.destroy_process_group()",
+        "optim.scale_lr(",
+        "warmup_start=args.lr / lr",
+    ):
         assert call in code, f"train_ddp.py no longer shows {call!r}"
     # DDP on the default group, as a student writes it: a clean exit is the library's job
     assert "new_group" not in code, "train_ddp.py works around an exit the library handles"
@@ -160,13 +215,39 @@ def test_slurm_example_is_valid_bash():
 def equivalence(tmp_path_factory):
     """1 process × batch 64 (lr 0.1) vs 2 processes × batch 32 (lr 0.05 × 2), 8 steps."""
     tmp = tmp_path_factory.mktemp("equivalence")
-    common = ["--n-train", "1024", "--n-test", "256", "--max-steps", "8", "--width", "8",
-              "--no-augment"]
-    one = run("train_serial.py", [*common, "--batch-size", 64, "--lr", 0.1,
-                                  "--checkpoint", tmp / "one.pt"], nprocs=1, launcher="python")
-    two = run("train_ddp.py", [*common, "--batch-size", 32, "--lr", 0.05, "--warmup-epochs", 0,
-                               "--lr-scaling", "linear",
-                               "--checkpoint", tmp / "two.pt"])
+    common = [
+        "--n-train",
+        "1024",
+        "--n-test",
+        "256",
+        "--max-steps",
+        "8",
+        "--width",
+        "8",
+        "--no-augment",
+    ]
+    one = run(
+        "train_serial.py",
+        [*common, "--batch-size", 64, "--lr", 0.1, "--checkpoint", tmp / "one.pt"],
+        nprocs=1,
+        launcher="python",
+    )
+    two = run(
+        "train_ddp.py",
+        [
+            *common,
+            "--batch-size",
+            32,
+            "--lr",
+            0.05,
+            "--warmup-epochs",
+            0,
+            "--lr-scaling",
+            "linear",
+            "--checkpoint",
+            tmp / "two.pt",
+        ],
+    )
     return one.check(), two.check(), tmp
 
 
@@ -216,8 +297,12 @@ def test_ddp_script_under_horovodrun():
 @pytest.mark.slow
 def test_horovod_script_under_horovodrun_with_a_timeline(tmp_path):
     timeline = tmp_path / "timeline.json"
-    result = run("train_horovod.py", [*TINY, "--checkpoint", tmp_path / "h.pt"],
-                 launcher="horovodrun", env={"HOROVOD_TIMELINE": str(timeline)}).check()
+    result = run(
+        "train_horovod.py",
+        [*TINY, "--checkpoint", tmp_path / "h.pt"],
+        launcher="horovodrun",
+        env={"HOROVOD_TIMELINE": str(timeline)},
+    ).check()
     s = summary(result)
     assert (s["world_size"], s["launcher"], s["steps"]) == (2, "horovodrun", 4)
     assert "samples/s" in result.rank_output(0) and "samples/s" not in result.rank_output(1)
@@ -240,8 +325,10 @@ def test_horovod_script_under_mpirun_on_cifar_stand_in():
 @pytest.mark.launcher
 @pytest.mark.slow
 def test_ddp_bench_counts_buckets_and_no_sync():
-    result = run("ddp_bench.py", ["--steps", "2", "--bucket-caps", "0.01", "25",
-                                  "--accum", "1", "2", "--width", "8"]).check()
+    result = run(
+        "ddp_bench.py",
+        ["--steps", "2", "--bucket-caps", "0.01", "25", "--accum", "1", "2", "--width", "8"],
+    ).check()
     checks.check_buckets(result.metrics)
     checks.check_no_sync(result.metrics)
 
@@ -267,8 +354,7 @@ CRASH = textwrap.dedent("""
 def test_a_crashing_rank_ends_the_ddp_job_with_its_error(tmp_path):
     script = tmp_path / "crash_in_ddp.py"
     script.write_text(CRASH)
-    result = launch.run(script, nprocs=2, timeout=90, echo=False,
-                        env={"LABS_DIST_TIMEOUT": "30"})
+    result = launch.run(script, nprocs=2, timeout=90, echo=False, env={"LABS_DIST_TIMEOUT": "30"})
     assert not result.ok and not result.timed_out and result.elapsed < 90
     assert "crashed on purpose (lab2 marker 5c2a)" in result.rank_output(1)
     assert processes_matching(str(script)) == []
@@ -278,8 +364,9 @@ def test_a_crashing_rank_ends_the_ddp_job_with_its_error(tmp_path):
 @pytest.mark.slow
 def test_uneven_shards_deadlock_ends_at_the_collective_timeout():
     timeout = 90
-    result = run("uneven_shards.py", ["--fix", "none"], timeout=timeout,
-                 env={"LABS_DIST_TIMEOUT": "3"})
+    result = run(
+        "uneven_shards.py", ["--fix", "none"], timeout=timeout, env={"LABS_DIST_TIMEOUT": "3"}
+    )
     assert "rank 0: 5 batches" in result.rank_output(0)
     assert "rank 1: 4 batches" in result.rank_output(1)
     checks.check_job_stopped(result, timeout=timeout, expect="Timed out")
@@ -299,13 +386,20 @@ def test_join_lets_uneven_shards_finish():
 @pytest.mark.launcher
 @pytest.mark.slow
 def test_two_torchrun_nodes_form_one_job():
-    nodes = multinode.run_nodes(SCRIPTS / "train_ddp.py", TINY, nnodes=2, nproc_per_node=1,
-                                timeout=180, echo=False, env=QUICK)
+    nodes = multinode.run_nodes(
+        SCRIPTS / "train_ddp.py",
+        TINY,
+        nnodes=2,
+        nproc_per_node=1,
+        timeout=180,
+        echo=False,
+        env=QUICK,
+    )
     assert len(nodes) == 2 and all(n.ok for n in nodes), nodes[0].output[-2000:]
     for k, node in enumerate(nodes):
         assert "--nnodes=2" in node.command and "--rdzv-backend=c10d" in node.command, k
         assert "--standalone" not in node.command
-    assert nodes[0].command[-len(TINY):] == TINY
+    assert nodes[0].command[-len(TINY) :] == TINY
     s = [m for n in nodes for m in n.metrics if m.get("event") == "summary"]
     assert len(s) == 1 and (s[0]["world_size"], s[0]["launcher"]) == (2, "torchrun")
 
@@ -324,8 +418,9 @@ def test_ring_check_explains_a_missing_all_gather():
 
     def reduce_scatter_only(x, comm):
         out = x.clone()
-        C.ring_reduce_scatter(list(torch.split(out, C.chunk_sizes(out.numel(), comm.world_size))),
-                              comm)
+        C.ring_reduce_scatter(
+            list(torch.split(out, C.chunk_sizes(out.numel(), comm.world_size))), comm
+        )
         return out
 
     with pytest.raises(CheckFailed, match="all-gather"):
@@ -355,18 +450,22 @@ def test_other_checks_catch_typical_mistakes():
         checks.check_ring_time(lambda s, n, a, b: 2 * solutions.ring_time(s, n, a, b))
     with pytest.raises(CheckFailed, match="same seed|same generator"):
         checks.check_shard_indices(
-            lambda n, r, w, e, seed=0: torch.randperm(-(-n // w) * w)[r::w] % n)
+            lambda n, r, w, e, seed=0: torch.randperm(-(-n // w) * w)[r::w] % n
+        )
     with pytest.raises(CheckFailed, match="speed-up"):
         checks.check_scaling_efficiency(lambda t: {n: v / t[1] for n, v in t.items()})
     with pytest.raises(CheckFailed, match="FIRST"):
-        checks.check_time_to_target(lambda ev, t: ([e["seconds"] for e in ev if e["val_acc"] >= t]
-                                                   or [None])[-1])
+        checks.check_time_to_target(
+            lambda ev, t: ([e["seconds"] for e in ev if e["val_acc"] >= t] or [None])[-1]
+        )
     with pytest.raises(CheckFailed, match="step"):
-        checks.check_time_to_target(lambda ev, t: next((e["step"] for e in ev
-                                                        if e["val_acc"] >= t), None))
+        checks.check_time_to_target(
+            lambda ev, t: next((e["step"] for e in ev if e["val_acc"] >= t), None)
+        )
     with pytest.raises(CheckFailed, match="None"):
-        checks.check_time_to_target(lambda ev, t: next((e["seconds"] for e in ev
-                                                        if e["val_acc"] >= t), 0.0))
+        checks.check_time_to_target(
+            lambda ev, t: next((e["seconds"] for e in ev if e["val_acc"] >= t), 0.0)
+        )
 
 
 def test_accuracy_check_holds_within_the_margins_and_fails_outside():
@@ -385,8 +484,12 @@ def test_science_checks_fail_when_the_claim_does_not_hold():
     with pytest.raises(CheckFailed):
         checks.check_equivalence(a, {"w": torch.ones(3) * 1.01}, what="params")
     with pytest.raises(CheckFailed):
-        checks.check_buckets([{"event": "bucket", "bucket_cap_mb": c,
-                               "allreduce_calls_per_step": 1} for c in (0.1, 25)])
+        checks.check_buckets(
+            [
+                {"event": "bucket", "bucket_cap_mb": c, "allreduce_calls_per_step": 1}
+                for c in (0.1, 25)
+            ]
+        )
 
 
 # ------------------------------------------------------------------ figures
@@ -395,21 +498,41 @@ def test_figures_draw(tmp_path):
 
     from lab_utils.plots import lab2 as plots
 
-    timing = [{"event": "timing", "algo": a, "world_size": 2, "nbytes": s, "seconds": 1e-4 + s / 1e9}
-              for a in ("ring (ours)", "dist.all_reduce") for s in (1e3, 1e5, 1e7)]
+    timing = [
+        {"event": "timing", "algo": a, "world_size": 2, "nbytes": s, "seconds": 1e-4 + s / 1e9}
+        for a in ("ring (ours)", "dist.all_reduce")
+        for s in (1e3, 1e5, 1e7)
+    ]
     fit = plots.fit_ring_model(timing)
     assert fit["latency_s"] == pytest.approx(5e-5, rel=1e-3)
     assert fit["bandwidth"] == pytest.approx(1e9, rel=1e-3)  # N=2: T = 2α + S/B
-    figs = [plots.collective_diagrams(), plots.ring_steps(3),
-            plots.allreduce_times(timing, fit).figure,
-            plots.traffic_by_n([2, 3], [8, 10.7], [8, 16], 4).figure,
-            plots.scaling({1: 10.0, 2: 18.0, 4: 17.0}, {1: 1.0, 2: 0.9, 4: 0.42}, cores=2),
-            plots.ddp_knobs([{"event": "bucket", "bucket_cap_mb": 1, "seconds_per_step": 0.1,
-                              "allreduce_calls_per_step": 2},
-                             {"event": "accum", "accum": 1, "seconds_per_micro_batch": 0.1,
-                              "allreduce_calls_per_micro_batch": 1}])]
-    spans = [plots.Span("grad.w", "ALLREDUCE", 0.0, 0.002),
-             plots.Span("grad.b", "NEGOTIATE_ALLREDUCE", 0.001, 0.003)]
+    figs = [
+        plots.collective_diagrams(),
+        plots.ring_steps(3),
+        plots.allreduce_times(timing, fit).figure,
+        plots.traffic_by_n([2, 3], [8, 10.7], [8, 16], 4).figure,
+        plots.scaling({1: 10.0, 2: 18.0, 4: 17.0}, {1: 1.0, 2: 0.9, 4: 0.42}, cores=2),
+        plots.ddp_knobs(
+            [
+                {
+                    "event": "bucket",
+                    "bucket_cap_mb": 1,
+                    "seconds_per_step": 0.1,
+                    "allreduce_calls_per_step": 2,
+                },
+                {
+                    "event": "accum",
+                    "accum": 1,
+                    "seconds_per_micro_batch": 0.1,
+                    "allreduce_calls_per_micro_batch": 1,
+                },
+            ]
+        ),
+    ]
+    spans = [
+        plots.Span("grad.w", "ALLREDUCE", 0.0, 0.002),
+        plots.Span("grad.b", "NEGOTIATE_ALLREDUCE", 0.001, 0.003),
+    ]
     figs.append(plots.horovod_timeline(spans))
     for i, fig in enumerate(figs):
         fig.savefig(tmp_path / f"{i}.png")
@@ -420,17 +543,29 @@ def test_read_timeline_tolerates_a_cut_file(tmp_path):
     from lab_utils.plots import lab2 as plots
 
     path = tmp_path / "t.json"
-    path.write_text('[\n{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "w"}},\n'
-                    '{"name": "ALLREDUCE", "ph": "B", "ts": 1000, "pid": 1, "tid": 1},\n'
-                    '{"name": "ALLREDUCE", "ph": "E", "ts": 3000, "pid": 1, "tid": 1},\n')
+    path.write_text(
+        '[\n{"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "w"}},\n'
+        '{"name": "ALLREDUCE", "ph": "B", "ts": 1000, "pid": 1, "tid": 1},\n'
+        '{"name": "ALLREDUCE", "ph": "E", "ts": 3000, "pid": 1, "tid": 1},\n'
+    )
     assert plots.read_timeline(path) == [plots.Span("w", "ALLREDUCE", 0.0, 0.002)]
 
 
 # ------------------------------------------- every process count trains, and exits cleanly
 # Quick data sizes, but enough optimiser steps to tell training from divergence: a run that
 # diverges ends at chance (10 % on Fashion-MNIST), a run that trains well above TRAINS.
-SCALING = ["--n-train", "2048", "--n-test", "512", "--epochs", "3", "--batch-size", "32",
-           "--width", "8"]
+SCALING = [
+    "--n-train",
+    "2048",
+    "--n-test",
+    "512",
+    "--epochs",
+    "3",
+    "--batch-size",
+    "32",
+    "--width",
+    "8",
+]
 TRAINS = 0.3  # 3 × chance; 4 processes take only 48 steps here
 
 
@@ -459,8 +594,9 @@ def test_horovod_script_trains_at_every_process_count(n):
 def test_the_training_threshold_fails_a_diverged_run():
     """The same job with a learning rate far too large and no warm-up diverges to chance:
     the threshold above must not let such a run pass."""
-    s = summary(run("train_ddp.py", [*SCALING, "--lr", "0.3", "--warmup-epochs", "0"],
-                    nprocs=4).check())
+    s = summary(
+        run("train_ddp.py", [*SCALING, "--lr", "0.3", "--warmup-epochs", "0"], nprocs=4).check()
+    )
     assert s["val_acc"] < TRAINS - 0.1
 
 
@@ -469,8 +605,13 @@ def exited_cleanly(result: launch.LaunchResult) -> bool:
 
 
 def test_an_abort_at_exit_is_caught():
-    result = launch.run(REPO / "tests" / "jobs" / "abort_at_exit.py", nprocs=1,
-                        launcher="python", timeout=60, echo=False)
+    result = launch.run(
+        REPO / "tests" / "jobs" / "abort_at_exit.py",
+        nprocs=1,
+        launcher="python",
+        timeout=60,
+        echo=False,
+    )
     assert "val_acc" in result.output and not exited_cleanly(result)
 
 
@@ -482,13 +623,24 @@ def test_ddp_script_exits_cleanly_ten_times_in_a_row():
     was shutting down. DDP holds the default group here; the rank leaves through
     ``lab_utils.dist.leave_at_exit`` (armed by set_torch_env_from_launcher), which never
     finalizes the interpreter under those threads."""
-    args = ["--max-steps", "12", "--batch-size", "32", "--width", "16", "--n-train", "832",
-            "--n-test", "512"]
+    args = [
+        "--max-steps",
+        "12",
+        "--batch-size",
+        "32",
+        "--width",
+        "16",
+        "--n-train",
+        "832",
+        "--n-test",
+        "512",
+    ]
     bad = []
     for i in range(10):
         launcher = ("torchrun", "mpirun")[i % 2]
         result = run("train_ddp.py", args, launcher=launcher)
         if not exited_cleanly(result):
-            bad.append(f"run {i + 1} under {launcher}: status {result.returncode}\n"
-                       f"{result.output[-600:]}")
+            bad.append(
+                f"run {i + 1} under {launcher}: status {result.returncode}\n{result.output[-600:]}"
+            )
     assert not bad, f"{len(bad)} of 10 runs did not exit cleanly:\n" + "\n".join(bad)

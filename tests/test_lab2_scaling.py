@@ -20,8 +20,15 @@ PROCESSES = (1, 2, 4, 8)
 
 
 def train(nprocs: int, *args: str) -> dict:
-    result = launch.run(SCRIPT, list(args), nprocs=nprocs, launcher="torchrun",
-                        env={"LABS_PROFILE": "cpu"}, timeout=1500, echo=False).check()
+    result = launch.run(
+        SCRIPT,
+        list(args),
+        nprocs=nprocs,
+        launcher="torchrun",
+        env={"LABS_PROFILE": "cpu"},
+        timeout=1500,
+        echo=False,
+    ).check()
     (summary,) = [m for m in result.metrics if m.get("event") == "summary"]
     assert summary["world_size"] == nprocs
     return summary
@@ -46,8 +53,10 @@ def one_process(fashion_mnist) -> dict:
 def test_accuracy_does_not_fall_with_the_number_of_processes(one_process):
     runs = {1: one_process, **{n: train(n) for n in PROCESSES[1:]}}
     for n, s in runs.items():
-        print(f"N={n}: global batch {s['global_batch']}, lr {s['lr']:.3g}, {s['steps']} steps, "
-              f"val_acc {s['val_acc']:.2%}, {s['train_seconds']:.0f} s of training")
+        print(
+            f"N={n}: global batch {s['global_batch']}, lr {s['lr']:.3g}, {s['steps']} steps, "
+            f"val_acc {s['val_acc']:.2%}, {s['train_seconds']:.0f} s of training"
+        )
     assert [s["lr"] / runs[1]["lr"] for s in runs.values()] == pytest.approx(PROCESSES)
     checks.check_accuracy_holds({n: s["val_acc"] for n, s in runs.items()})
 
@@ -59,7 +68,9 @@ def test_the_claim_fails_without_scaling_the_rate(one_process):
     """The old default capped the rate at the one-process rate: no scaling at all. Then
     8 processes take 8 × fewer steps of the same size and fall outside the margin."""
     unscaled = train(8, "--lr-scaling", "none")
-    print(f"N=8 without scaling: val_acc {unscaled['val_acc']:.2%} "
-          f"(1 process: {one_process['val_acc']:.2%})")
+    print(
+        f"N=8 without scaling: val_acc {unscaled['val_acc']:.2%} "
+        f"(1 process: {one_process['val_acc']:.2%})"
+    )
     with pytest.raises(CheckFailed, match="8 processes"):
         checks.check_accuracy_holds({1: one_process["val_acc"], 8: unscaled["val_acc"]})

@@ -31,6 +31,7 @@ def lab_modules():
     try:
         import experiments
         import science
+
         yield experiments, science
     finally:
         sys.path.remove(str(LAB))
@@ -49,6 +50,7 @@ def one_thread():
 @pytest.fixture(scope="module")
 def fashion_available():
     from lab_utils import data
+
     try:
         data.load("fashion-mnist", download=False)
     except data.DataError as e:
@@ -74,10 +76,15 @@ def test_trust_ratio_check_catches_mistakes():
     def per_row(w, g, trust_coefficient=0.001, weight_decay=0.0):
         if w.dim() < 2 or w.norm() == 0 or g.norm() == 0:
             return solutions.lars_trust_ratio(w, g, trust_coefficient, weight_decay)
-        return (trust_coefficient * w.norm(dim=1) / (g.norm(dim=1) + weight_decay * w.norm(dim=1))).mean()
+        return (
+            trust_coefficient * w.norm(dim=1) / (g.norm(dim=1) + weight_decay * w.norm(dim=1))
+        ).mean()
 
-    for wrong, hint in ((no_weight_decay, "β·‖w‖"), (no_zero_guard, "ratio of 1"),
-                        (per_row, "whole tensor")):
+    for wrong, hint in (
+        (no_weight_decay, "β·‖w‖"),
+        (no_zero_guard, "ratio of 1"),
+        (per_row, "whole tensor"),
+    ):
         with pytest.raises(CheckFailed, match="lars_trust_ratio") as err:
             check.check_trust_ratio(wrong)
         assert hint in str(err.value)
@@ -102,8 +109,9 @@ def test_student_lars_subclass_matches_the_library():
 
     class StudentLARS(optim.LARS):
         def trust_ratio(self, w, g, group):
-            return solutions.lars_trust_ratio(w, g, group["trust_coefficient"],
-                                              group["weight_decay"])
+            return solutions.lars_trust_ratio(
+                w, g, group["trust_coefficient"], group["weight_decay"]
+            )
 
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
     for net, cls in zip(nets, (StudentLARS, optim.LARS), strict=True):
@@ -190,8 +198,9 @@ def test_grow_batch_takes_the_rest_of_the_decay_from_a_lambda_lr():
     sched = optim.lambda_lr(opt, optim.warmup(2, 0.5))
     loader = TensorLoader(x, y, 64, seed=0)
     growth = optim.BatchGrowth(64, 4, milestones=(1,), max_batch=128)
-    trainer = Trainer(model, opt, scheduler=sched, callbacks=[optim.GrowBatch(loader, growth)],
-                      progress=False)
+    trainer = Trainer(
+        model, opt, scheduler=sched, callbacks=[optim.GrowBatch(loader, growth)], progress=False
+    )
     history = _quiet_fit(trainer, loader, 2)
     lrs = [s["lr"] for s in history.steps]
     # epoch 0: warm-up 0.75, 1, 1, 1 at batch 64; epoch 1: batch 128 (×2 of ×4), LR × 1/2
@@ -203,9 +212,13 @@ def test_grow_batch_refuses_other_schedulers():
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     x, y = _toy()
     loader = TensorLoader(x, y, 64)
-    trainer = Trainer(model, opt, scheduler=torch.optim.lr_scheduler.StepLR(opt, 1),
-                      callbacks=[optim.GrowBatch(loader, optim.BatchGrowth(64, 2, (1,)))],
-                      progress=False)
+    trainer = Trainer(
+        model,
+        opt,
+        scheduler=torch.optim.lr_scheduler.StepLR(opt, 1),
+        callbacks=[optim.GrowBatch(loader, optim.BatchGrowth(64, 2, (1,)))],
+        progress=False,
+    )
     with pytest.raises(TypeError, match="LambdaLR"):
         _quiet_fit(trainer, loader, 1)
 
@@ -255,8 +268,9 @@ def test_run_rejects_bad_configurations(lab_modules):
 
 def test_schedule_warms_up_then_decays(lab_modules):
     experiments, _ = lab_modules
-    setup = experiments.Setup(epochs=4, base_batch=64, decay="step", decay_at=(0.5, 0.75),
-                              gamma=0.25)
+    setup = experiments.Setup(
+        epochs=4, base_batch=64, decay="step", decay_at=(0.5, 0.75), gamma=0.25
+    )
     run = experiments.Run("r", 256, 0.4, warmup_epochs=1)
     f = experiments.schedule(run, setup, steps_per_epoch=10)
     assert f(0) == pytest.approx(0.25 + 0.75 / 10)  # starts near the base-batch rate
@@ -272,12 +286,18 @@ def test_science_quick_prints_every_claim(lab_modules, fashion_available, tmp_pa
     out = tmp_path / "science.json"
     assert science.main(["--profile", "quick", "--no-progress", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for name in ("naive batch", "linear scaling + warm-up", "LARS/LAMB beat SGD",
-                 "growing the batch", "gradient accumulation"):
+    for name in (
+        "naive batch",
+        "linear scaling + warm-up",
+        "LARS/LAMB beat SGD",
+        "growing the batch",
+        "gradient accumulation",
+    ):
         assert name in text
     assert "FAIL" not in text  # quick runs cannot show the claims: they are not judged
     assert text.count("not asserted (quick)") == 4  # all but the exact accumulation claim
     import json
+
     record = json.loads(out.read_text())
     assert len(record["claims"]) == 5
     lines = text.splitlines()
@@ -299,14 +319,17 @@ def test_claims_hold_on_the_cpu_profile(lab_modules, one_thread):
     not skip): CI must not pass without asserting the claims."""
     experiments, science = lab_modules
     from lab_utils import profile
+
     setup = experiments.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
     splits = experiments.load_splits(setup)
     plan = science.make_plan(setup)
     with contextlib.redirect_stderr(io.StringIO()):
-        summaries = science.run_plan(plan, setup, splits, seeds=[0], progress=False,
-                                     claims_only=True)
-    claims = science.evaluate_claims(plan, summaries, setup,
-                                     science.measure_accumulation(setup, splits))
+        summaries = science.run_plan(
+            plan, setup, splits, seeds=[0], progress=False, claims_only=True
+        )
+    claims = science.evaluate_claims(
+        plan, summaries, setup, science.measure_accumulation(setup, splits)
+    )
     for c in claims:
         print(c.line())
     assert len(claims) == 5
@@ -317,13 +340,16 @@ def test_claims_hold_on_the_cpu_profile(lab_modules, one_thread):
 @pytest.mark.slow
 def test_recipe_script_two_workers_equal_one_large_batch(fashion_available):
     from lab_utils import launch
+
     script = LAB / "scripts" / "train_large_batch.py"
     args = ["--epochs", "1", "--n-train", "1024", "--n-test", "500", "--base-batch", "32"]
     env = {"LABS_PROFILE": "quick"}
-    two = launch.run(script, [*args, "--batch-per-worker", "64"], nprocs=2, env=env,
-                     timeout=180, echo=False).check()
-    one = launch.run(script, [*args, "--batch-per-worker", "128"], nprocs=1, env=env,
-                     timeout=180, echo=False).check()  # torchrun with one worker: no DDP
+    two = launch.run(
+        script, [*args, "--batch-per-worker", "64"], nprocs=2, env=env, timeout=180, echo=False
+    ).check()
+    one = launch.run(
+        script, [*args, "--batch-per-worker", "128"], nprocs=1, env=env, timeout=180, echo=False
+    ).check()  # torchrun with one worker: no DDP
     s2, s1 = two.metrics[-1], one.metrics[-1]
     assert s2["world_size"] == 2 and s1["world_size"] == 1
     assert s2["global_batch"] == s1["global_batch"] == 128
@@ -337,6 +363,7 @@ def test_recipe_script_two_workers_equal_one_large_batch(fashion_available):
 
 def test_plots_draw_what_they_are_given():
     import matplotlib
+
     matplotlib.use("Agg")
     from types import SimpleNamespace as NS
 
@@ -345,9 +372,17 @@ def test_plots_draw_what_they_are_given():
     from lab_utils.plots import lab3 as lplots
 
     def result(label, acc, diverged=False):
-        return NS(run=NS(label=label, batch=64), test_acc=acc, diverged=diverged, updates=10,
-                  steps=[{"loss": 2.0 / (i + 1)} for i in range(10)],
-                  epochs=[{"epoch": 1, "step": 5, "val_acc": acc}, {"epoch": 2, "step": 10, "val_acc": acc}])
+        return NS(
+            run=NS(label=label, batch=64),
+            test_acc=acc,
+            diverged=diverged,
+            updates=10,
+            steps=[{"loss": 2.0 / (i + 1)} for i in range(10)],
+            epochs=[
+                {"epoch": 1, "step": 5, "val_acc": acc},
+                {"epoch": 2, "step": 10, "val_acc": acc},
+            ],
+        )
 
     runs = [result("a", 0.8), result("b", 0.85), result("c", 0.1, diverged=True)]
     ax = lplots.accuracy_bars(runs, baseline=0.8)
@@ -369,37 +404,54 @@ def _toy_splits(experiments, n_train=256, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randint(0, 256, (n_train + 128, 1, 8, 8), generator=g, dtype=torch.uint8)
     y = (x.float().mean(dim=(1, 2, 3)) > 127.5).long()
-    return experiments.Splits(x[:n_train], y[:n_train], x[n_train:n_train + 64],
-                              y[n_train:n_train + 64], x[n_train + 64:], y[n_train + 64:],
-                              (0.5,), (0.29,), (1, 8, 8), 2)
+    return experiments.Splits(
+        x[:n_train],
+        y[:n_train],
+        x[n_train : n_train + 64],
+        y[n_train : n_train + 64],
+        x[n_train + 64 :],
+        y[n_train + 64 :],
+        (0.5,),
+        (0.29,),
+        (1, 8, 8),
+        2,
+    )
 
 
 def test_train_emulates_a_large_batch_with_micro_batches(lab_modules):
     experiments, _ = lab_modules
     splits = _toy_splits(experiments)
-    setup = experiments.Setup(model_kwargs={"hidden": (16,)}, n_train=256, epochs=2,
-                              base_batch=16, base_lr=0.05)
+    setup = experiments.Setup(
+        model_kwargs={"hidden": (16,)}, n_train=256, epochs=2, base_batch=16, base_lr=0.05
+    )
     run = experiments.Run("big", 64, 0.2, warmup_epochs=1)
     with contextlib.redirect_stdout(io.StringIO()):
         one = experiments.train(run, setup, splits, device=torch.device("cpu"))
-        acc = experiments.train(run, replace(setup, micro_batch=16), splits,
-                                device=torch.device("cpu"))
+        acc = experiments.train(
+            run, replace(setup, micro_batch=16), splits, device=torch.device("cpu")
+        )
     assert one.updates == acc.updates == 2 * 256 // 64
     assert [s["lr"] for s in one.steps] == pytest.approx([s["lr"] for s in acc.steps])
     # per-step logs hold the last micro-batch's loss; the epoch's mean loss is the same
     assert one.epochs[-1]["train_loss"] == pytest.approx(acc.epochs[-1]["train_loss"], rel=1e-5)
     assert one.test_acc == acc.test_acc and one.val_acc == acc.val_acc
     with pytest.raises(ValueError, match="multiple of micro_batch"):
-        experiments.train(experiments.Run("odd", 48, 0.1), replace(setup, micro_batch=32),
-                          splits, device=torch.device("cpu"))
+        experiments.train(
+            experiments.Run("odd", 48, 0.1),
+            replace(setup, micro_batch=32),
+            splits,
+            device=torch.device("cpu"),
+        )
 
 
 def test_train_reports_divergence_instead_of_raising(lab_modules):
     experiments, _ = lab_modules
     splits = _toy_splits(experiments)
-    setup = experiments.Setup(model_kwargs={"hidden": (16,)}, n_train=256, epochs=2,
-                              base_batch=16, base_lr=0.05)
+    setup = experiments.Setup(
+        model_kwargs={"hidden": (16,)}, n_train=256, epochs=2, base_batch=16, base_lr=0.05
+    )
     with contextlib.redirect_stdout(io.StringIO()):
-        result = experiments.train(experiments.Run("huge lr", 16, 1e6), setup, splits,
-                                   device=torch.device("cpu"))
+        result = experiments.train(
+            experiments.Run("huge lr", 16, 1e6), setup, splits, device=torch.device("cpu")
+        )
     assert result.diverged

@@ -21,13 +21,33 @@ from lab_utils.solutions import lab4 as solutions
 LAB = REPO / "labs" / "lab4_model_parallel"
 SCRIPTS = LAB / "scripts"
 QUICK = {"LABS_PROFILE": "quick"}
-TINY = ["--d-model", "32", "--heads", "4", "--layers", "4", "--seq-len", "16",
-        "--batch-size", "8", "--steps", "1", "--n-chars", "20000"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "4",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "1",
+    "--n-chars",
+    "20000",
+]
 
 
 def run(script: str, args, *, nprocs: int, timeout: float = 240, env=None) -> launch.LaunchResult:
-    return launch.run(SCRIPTS / script, [str(a) for a in args], nprocs=nprocs, timeout=timeout,
-                      echo=False, env=dict(QUICK, **(env or {})))
+    return launch.run(
+        SCRIPTS / script,
+        [str(a) for a in args],
+        nprocs=nprocs,
+        timeout=timeout,
+        echo=False,
+        env=dict(QUICK, **(env or {})),
+    )
 
 
 def events_of(result: launch.LaunchResult, kind: str) -> list[dict]:
@@ -90,22 +110,36 @@ def test_state_bytes_and_zero_formulas():
     opt.step()
     psi = 55
     measured = memory.state_bytes(model, opt)
-    checks.check_state_matches_formula(measured, memory.zero_bytes_per_rank(psi, 1, 0, 8), what="adam")
+    checks.check_state_matches_formula(
+        measured, memory.zero_bytes_per_rank(psi, 1, 0, 8), what="adam"
+    )
     with pytest.raises(CheckFailed):
-        checks.check_state_matches_formula(measured, memory.zero_bytes_per_rank(psi, 1, 0, 4), what="sgd")
-    assert memory.zero_bytes_per_rank(100, 4, 3, 8) == {"params": 100, "grads": 100, "optimizer": 200}
+        checks.check_state_matches_formula(
+            measured, memory.zero_bytes_per_rank(psi, 1, 0, 4), what="sgd"
+        )
+    assert memory.zero_bytes_per_rank(100, 4, 3, 8) == {
+        "params": 100,
+        "grads": 100,
+        "optimizer": 200,
+    }
     assert memory.zero_bytes_per_rank(100, 4, 1, 8)["params"] == 400
     with pytest.raises(ValueError):
         memory.zero_bytes_per_rank(100, 4, 5)
     # DDP's replicated numbers are not a sharded stage's
     with pytest.raises(CheckFailed):
-        checks.check_sharded_memory(memory.zero_bytes_per_rank(100, 2, 0, 8), 100, 2, 3, 8, what="fsdp")
+        checks.check_sharded_memory(
+            memory.zero_bytes_per_rank(100, 2, 0, 8), 100, 2, 3, 8, what="fsdp"
+        )
 
 
 def test_activation_bytes_exclude_weights_and_grow_with_the_batch():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
-    sizes = [memory.activation_bytes(lambda b=b: model(torch.randn(b, 8)).sum(),
-                                     exclude=model.parameters()) for b in (4, 8)]
+    sizes = [
+        memory.activation_bytes(
+            lambda b=b: model(torch.randn(b, 8)).sum(), exclude=model.parameters()
+        )
+        for b in (4, 8)
+    ]
     assert sizes[1] == 2 * sizes[0] > 0
 
 
@@ -144,8 +178,8 @@ def test_script_help(name, capsys):
 
 def option_help(text: str, option: str) -> str:
     """The lines ``--help`` prints for one option (up to the next option)."""
-    block = text[text.index(f"  {option} "):]
-    return block[:block.find("\n  -", 1) if "\n  -" in block[1:] else len(block)]
+    block = text[text.index(f"  {option} ") :]
+    return block[: block.find("\n  -", 1) if "\n  -" in block[1:] else len(block)]
 
 
 @pytest.mark.parametrize("name", ["tensor_parallel.py", "sharded.py", "hybrid.py"])
@@ -192,14 +226,17 @@ def test_sharded_on_4_ranks(tmp_path):
         worst = {k: max(x[k] for x in r["per_rank"]) for k in ("params", "grads", "optimizer")}
         # ZeRO-1 hands out whole tensors: with 4 ranks and a tiny model its shards are uneven
         slack = 0.35 if r["strategy"] == "zero1" else 0.10
-        checks.check_sharded_memory(worst, psi, 4, stage[r["strategy"]], 8, what=r["strategy"],
-                                    slack=slack)
+        checks.check_sharded_memory(
+            worst, psi, 4, stage[r["strategy"]], 8, what=r["strategy"], slack=slack
+        )
     assert isinstance(models.load(ckpt), models.CharTransformer)
 
 
 @pytest.mark.launcher
 def test_hybrid_on_a_2x2_mesh_counts_4_all_reduces_per_block():
-    result = run("hybrid.py", [*TINY, "--layers", "2", "--steps", "2", "--tp", "2"], nprocs=4).check()
+    result = run(
+        "hybrid.py", [*TINY, "--layers", "2", "--steps", "2", "--tp", "2"], nprocs=4
+    ).check()
     hybrid = events_of(result, "hybrid")[0]
     checks.check_equal(hybrid["weights_rel_err"], what="2 × 2 mesh", tol=1e-4)
     assert hybrid["layers"] == 2 and hybrid["comm_counts"]["all_reduce"] == 4 * 2
@@ -207,17 +244,34 @@ def test_hybrid_on_a_2x2_mesh_counts_4_all_reduces_per_block():
 
 def torchrun(script: str, nprocs: int, *args: str) -> subprocess.CompletedProcess:
     """The README's command, as a student types it, with stdout and stderr interleaved."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc-per-node={nprocs}", f"scripts/{script}", *args]
-    return subprocess.run(cmd, cwd=LAB, env=dict(os.environ, **QUICK), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=120)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nprocs}",
+        f"scripts/{script}",
+        *args,
+    ]
+    return subprocess.run(
+        cmd,
+        cwd=LAB,
+        env=dict(os.environ, **QUICK),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.launcher
-@pytest.mark.parametrize("script,nprocs,args,message", [
-    ("tensor_parallel.py", 3, (), "error: 3 processes cannot split 4 attention heads"),
-    ("hybrid.py", 3, ("--tp", "2"), "error: --tp 2 does not divide the process count 3"),
-])
+@pytest.mark.parametrize(
+    "script,nprocs,args,message",
+    [
+        ("tensor_parallel.py", 3, (), "error: 3 processes cannot split 4 attention heads"),
+        ("hybrid.py", 3, ("--tp", "2"), "error: --tp 2 does not divide the process count 3"),
+    ],
+)
 def test_a_process_count_that_does_not_fit_under_torchrun(script, nprocs, args, message):
     done = torchrun(script, nprocs, *args)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
@@ -231,11 +285,19 @@ def test_a_process_count_that_does_not_fit_under_torchrun(script, nprocs, args, 
 
 
 def test_a_process_count_that_does_not_fit_one_process():
-    done = subprocess.run([sys.executable, "scripts/hybrid.py", "--tp", "3"], cwd=LAB,
-                          env=dict(os.environ, **QUICK), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "scripts/hybrid.py", "--tp", "3"],
+        cwd=LAB,
+        env=dict(os.environ, **QUICK),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
-    assert done.stderr.splitlines()[0] == ("error: --tp 3 does not divide the process count 1: a "
-                                           "(data × tensor) mesh needs a multiple of 3 processes")
+    assert done.stderr.splitlines()[0] == (
+        "error: --tp 3 does not divide the process count 1: a "
+        "(data × tensor) mesh needs a multiple of 3 processes"
+    )
 
 
 @pytest.mark.launcher
@@ -260,7 +322,12 @@ def test_require_stops_with_a_message(capsys, monkeypatch):
 
 def test_require_leaves_the_message_to_local_rank_0(capsys, monkeypatch):
     # the other ranks leave quietly, so the launcher waits for the one that explains
-    for var, value in {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "3"}.items():
+    for var, value in {
+        "RANK": "1",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "3",
+    }.items():
         monkeypatch.setenv(var, value)
     with pytest.raises(SystemExit) as stop:
         parallel.require(False, "3 processes cannot split 4 attention heads")

@@ -19,13 +19,33 @@ from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "reshard_checkpoint.py"
-TINY = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16",
-        "--batch-size", "8", "--steps", "1", "--n-chars", "20000"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "1",
+    "--n-chars",
+    "20000",
+]
 
 
 def run(args, nprocs):
-    return launch.run(SCRIPT, [*TINY, *map(str, args)], nprocs=nprocs, timeout=240, echo=False,
-                      env={"LABS_PROFILE": "quick"})
+    return launch.run(
+        SCRIPT,
+        [*TINY, *map(str, args)],
+        nprocs=nprocs,
+        timeout=240,
+        echo=False,
+        env={"LABS_PROFILE": "quick"},
+    )
 
 
 def event(result, kind):
@@ -35,7 +55,9 @@ def event(result, kind):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp("dcp")
-    result = run(["--save", d / "ckpt", "--reference", d / "ref.pt", "--checkpoint", d / "plain.pt"], 4)
+    result = run(
+        ["--save", d / "ckpt", "--reference", d / "ref.pt", "--checkpoint", d / "plain.pt"], 4
+    )
     assert result.ok, result.output
     return d, event(result, "saved")
 
@@ -53,8 +75,13 @@ def test_four_ranks_saved_two_ranks_loaded_equal(saved, loaded):
     assert loaded["procs"] == 2 and saved[1]["procs"] == 4
 
 
-@pytest.mark.parametrize("wrong", [lambda s, ld: (dict(s, files={"__0_0.distcp": 1}), ld),
-                                   lambda s, ld: (s, dict(ld, errors={"model": 1e-7, "optim": 0.0}))])
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        lambda s, ld: (dict(s, files={"__0_0.distcp": 1}), ld),
+        lambda s, ld: (s, dict(ld, errors={"model": 1e-7, "optim": 0.0})),
+    ],
+)
 def test_a_wrong_result_fails_the_check(saved, loaded, wrong):
     s, ld = wrong(copy.deepcopy(saved[1]), copy.deepcopy(loaded))
     with pytest.raises(CheckFailed):
@@ -74,8 +101,10 @@ def test_one_plain_model_reads_the_sharded_checkpoint(saved):
 
 
 def test_a_save_killed_before_metadata_is_detected(tmp_path):
-    result = run(["--save", tmp_path / "ckpt", "--reference", tmp_path / "ref.pt",
-                  "--die-before-metadata"], 2)
+    result = run(
+        ["--save", tmp_path / "ckpt", "--reference", tmp_path / "ref.pt", "--die-before-metadata"],
+        2,
+    )
     assert not result.ok
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     error = None
@@ -90,16 +119,41 @@ def test_a_save_killed_before_metadata_is_detected(tmp_path):
 
 def test_process_count_that_does_not_fit_stops_cleanly(tmp_path):
     """As rank 0 of 3 (torchrun's environment): the script stops before any process group."""
-    env = {"LABS_PROFILE": "quick", "PATH": "", "RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0",
-           "LOCAL_WORLD_SIZE": "3"}
-    done = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--save", str(tmp_path / "c"),
-                           "--reference", str(tmp_path / "r.pt")], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert done.returncode == 2 and "error: the global batch 8 cannot be split over 3" in done.stderr
+    env = {
+        "LABS_PROFILE": "quick",
+        "PATH": "",
+        "RANK": "0",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "3",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            *TINY,
+            "--save",
+            str(tmp_path / "c"),
+            "--reference",
+            str(tmp_path / "r.pt"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2 and "error: the global batch 8 cannot be split over 3" in done.stderr
+    )
     assert not (tmp_path / "c").exists()
 
 
 def test_help_names_both_modes():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
-                         env={"LABS_PROFILE": "quick", "PATH": ""}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"],
+        capture_output=True,
+        text=True,
+        env={"LABS_PROFILE": "quick", "PATH": ""},
+        check=True,
+    ).stdout
     assert "--save DIR" in out and "--load DIR" in out and "'quick' profile" in out

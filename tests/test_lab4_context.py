@@ -28,7 +28,7 @@ def mutant(old: str, new: str):
     src = inspect.getsource(reference.ring_attention)
     assert old in src
     scope = dict(vars(reference))
-    exec(src.replace(old, new), scope)  # noqa: S102 - our own source, one line changed
+    exec(src.replace(old, new), scope)
     return scope["ring_attention"]
 
 
@@ -36,12 +36,16 @@ def test_reference_ring_attention_passes():
     assert checks.check_ring_attention(reference.ring_attention) < 1e-5
 
 
-@pytest.mark.parametrize("old, new", [
-    ("denom = denom * rescale + weights.sum(-1)", "denom = denom + weights.sum(-1)"),
-    ("acc = acc * rescale.unsqueeze(-1) + weights @ v", "acc = acc + weights @ v"),
-    ('scores = scores.masked_fill(future, float("-inf"))', "scores = scores"),
-    ("if src <= rank:", "if True:"),
-], ids=["denominator not rescaled", "sum not rescaled", "no causal mask", "future blocks used"])
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("denom = denom * rescale + weights.sum(-1)", "denom = denom + weights.sum(-1)"),
+        ("acc = acc * rescale.unsqueeze(-1) + weights @ v", "acc = acc + weights @ v"),
+        ('scores = scores.masked_fill(future, float("-inf"))', "scores = scores"),
+        ("if src <= rank:", "if True:"),
+    ],
+    ids=["denominator not rescaled", "sum not rescaled", "no causal mask", "future blocks used"],
+)
 def test_ring_attention_check_fails_a_wrong_answer(old, new):
     with pytest.raises(CheckFailed):
         checks.check_ring_attention(mutant(old, new))
@@ -49,8 +53,9 @@ def test_ring_attention_check_fails_a_wrong_answer(old, new):
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    result = launch.run(SCRIPT, TINY, nprocs=2, timeout=240, echo=False,
-                        env={"LABS_PROFILE": "quick"}).check()
+    result = launch.run(
+        SCRIPT, TINY, nprocs=2, timeout=240, echo=False, env={"LABS_PROFILE": "quick"}
+    ).check()
     return result.metrics
 
 
@@ -87,6 +92,11 @@ def test_help_shows_the_profiles_defaults(monkeypatch):
 
 
 def test_one_process_is_a_clean_error():
-    result = subprocess.run([sys.executable, str(SCRIPT), *TINY], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "LABS_PROFILE": "quick"})
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *TINY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LABS_PROFILE": "quick"},
+    )
     assert result.returncode == 2 and "at least 2 processes" in result.stderr

@@ -17,8 +17,22 @@ from lab_utils.checks import lab4 as checks
 from lab_utils.solutions import lab4 as solutions
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "experts.py"
-TINY = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16",
-        "--batch-size", "8", "--steps", "2", "--n-chars", "20000"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "2",
+    "--n-chars",
+    "20000",
+]
 
 
 def test_reference_router_passes_its_check():
@@ -83,14 +97,22 @@ def test_load_balancing_loss_is_one_when_uniform_and_grows_with_skew():
     experts = torch.arange(8).remainder(4).unsqueeze(1)
     assert moe.load_balancing_loss(probs, experts, 4).item() == pytest.approx(1.0)
     skew = torch.tensor([[0.7, 0.1, 0.1, 0.1]]).repeat(8, 1)
-    assert moe.load_balancing_loss(skew, torch.zeros(8, 1, dtype=torch.long), 4).item() == pytest.approx(2.8)
+    assert moe.load_balancing_loss(
+        skew, torch.zeros(8, 1, dtype=torch.long), 4
+    ).item() == pytest.approx(2.8)
 
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("moe") / "moe.pt"
-    result = launch.run(SCRIPT, [*TINY, "--experts", "4", "--checkpoint", str(ckpt)], nprocs=4,
-                        timeout=240, echo=False, env={"LABS_PROFILE": "quick"})
+    result = launch.run(
+        SCRIPT,
+        [*TINY, "--experts", "4", "--checkpoint", str(ckpt)],
+        nprocs=4,
+        timeout=240,
+        echo=False,
+        env={"LABS_PROFILE": "quick"},
+    )
     assert result.ok, result.output
     return next(m for m in result.metrics if m["event"] == "experts"), ckpt
 
@@ -102,9 +124,14 @@ def test_four_processes_equal_one_and_count_bytes(four):
     assert run["errors"]["gradients"] < 1e-5
 
 
-@pytest.mark.parametrize("field, value", [("formula_bytes", lambda r: r["formula_bytes"] // 2),
-                                          ("errors", lambda r: dict(r["errors"], gradients=0.1)),
-                                          ("all_to_all_bytes", lambda r: r["all_to_all_bytes"][:2])])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("formula_bytes", lambda r: r["formula_bytes"] // 2),
+        ("errors", lambda r: dict(r["errors"], gradients=0.1)),
+        ("all_to_all_bytes", lambda r: r["all_to_all_bytes"][:2]),
+    ],
+)
 def test_a_wrong_run_fails_the_check(four, field, value):
     run = copy.deepcopy(four[0])
     run[field] = value(run)
@@ -121,17 +148,36 @@ def test_checkpoint_rebuilds_the_trained_model(four):
 def as_rank0_of(n: int) -> dict:
     """The environment torchrun gives rank 0 of n: the script decides from it alone, before
     any process group exists (test_lab4.py runs that path under torchrun itself)."""
-    return {"LABS_PROFILE": "quick", "PATH": "", "RANK": "0", "WORLD_SIZE": str(n), "LOCAL_RANK": "0",
-            "LOCAL_WORLD_SIZE": str(n)}
+    return {
+        "LABS_PROFILE": "quick",
+        "PATH": "",
+        "RANK": "0",
+        "WORLD_SIZE": str(n),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": str(n),
+    }
 
 
 def test_process_count_that_does_not_fit_stops_cleanly():
-    done = subprocess.run([sys.executable, str(SCRIPT), *TINY, "--experts", "4"], capture_output=True,
-                          text=True, env=as_rank0_of(3), timeout=120)
-    assert done.returncode == 2 and "error: --experts 4 cannot be spread over 3 processes" in done.stderr
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), *TINY, "--experts", "4"],
+        capture_output=True,
+        text=True,
+        env=as_rank0_of(3),
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2
+        and "error: --experts 4 cannot be spread over 3 processes" in done.stderr
+    )
 
 
 def test_help_shows_the_profile_defaults():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True,
-                         env={"LABS_PROFILE": "quick", "PATH": ""}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--help"],
+        capture_output=True,
+        text=True,
+        env={"LABS_PROFILE": "quick", "PATH": ""},
+        check=True,
+    ).stdout
     assert "--capacity-factor" in out and "'quick' profile" in out

@@ -17,13 +17,33 @@ from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline.py"
-TINY = ["--d-model", "32", "--heads", "4", "--layers", "4", "--seq-len", "16",
-        "--batch-size", "8", "--steps", "1", "--n-chars", "20000"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "4",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "1",
+    "--n-chars",
+    "20000",
+]
 
 
 def run(args, *, nprocs: int, timeout: float = 240, env=None) -> launch.LaunchResult:
-    return launch.run(SCRIPT, [str(a) for a in args], nprocs=nprocs, timeout=timeout,
-                      echo=False, env=dict({"LABS_PROFILE": "quick"}, **(env or {})))
+    return launch.run(
+        SCRIPT,
+        [str(a) for a in args],
+        nprocs=nprocs,
+        timeout=timeout,
+        echo=False,
+        env=dict({"LABS_PROFILE": "quick"}, **(env or {})),
+    )
 
 
 # ------------------------------------------------------------------ timelines
@@ -32,7 +52,9 @@ def gpipe_events(p: int, m: int, f: float = 1.0, b: float = 2.0) -> list[dict]:
     ev = []
     for s in range(p):
         for i in range(m):
-            ev.append({"rank": s, "kind": "F", "mb": i, "start": (s + i) * f, "end": (s + i + 1) * f})
+            ev.append(
+                {"rank": s, "kind": "F", "mb": i, "start": (s + i) * f, "end": (s + i + 1) * f}
+            )
         t_end_f = (m + p - 1) * f
         for i in range(m):
             start = t_end_f + (p - 1 - s + i) * b
@@ -53,13 +75,19 @@ def sequential_events(p: int, m: int) -> list[dict]:
     return ev
 
 
-def simulated(schedule: str, p: int, m: int, *, seed: int = 0, idle: tuple | None = None) -> list[dict]:
+def simulated(
+    schedule: str, p: int, m: int, *, seed: int = 0, idle: tuple | None = None
+) -> list[dict]:
     """A timeline as a busy machine gives it: blocks of uneven length, a random wait before
     each (messages, scheduling), and optionally ``idle = (rank, kind, mb, seconds)``: a
     stage that waits that long before that block for no reason the schedule knows."""
     rng = random.Random(seed)
-    durations = {(r, k, i): (1.0 if k == "F" else 2.0) * rng.uniform(0.8, 1.2)
-                 for r in range(p) for k in "FB" for i in range(m)}
+    durations = {
+        (r, k, i): (1.0 if k == "F" else 2.0) * rng.uniform(0.8, 1.2)
+        for r in range(p)
+        for k in "FB"
+        for i in range(m)
+    }
     ev = [timeline.Event(r, k, i, 0.0, d) for (r, k, i), d in durations.items()]
     order = {r: timeline.schedule_order(schedule, p, m, r) for r in range(p)}
     done: dict = {}
@@ -69,8 +97,11 @@ def simulated(schedule: str, p: int, m: int, *, seed: int = 0, idle: tuple | Non
             if pos[r] == len(order[r]):
                 continue
             k, i = order[r][pos[r]]
-            dep = ((r - 1, "F", i) if r > 0 else None) if k == "F" else \
-                  ((r + 1, "B", i) if r < p - 1 else None)
+            dep = (
+                ((r - 1, "F", i) if r > 0 else None)
+                if k == "F"
+                else ((r + 1, "B", i) if r < p - 1 else None)
+            )
             if dep is not None and dep not in done:
                 continue
             prev = done[(r, *order[r][pos[r] - 1])] if pos[r] else 0.0
@@ -79,8 +110,10 @@ def simulated(schedule: str, p: int, m: int, *, seed: int = 0, idle: tuple | Non
                 start += idle[3]
             done[(r, k, i)] = start + durations[(r, k, i)]
             pos[r] += 1
-    return [{"rank": r, "kind": k, "mb": i, "start": done[(r, k, i)] - d, "end": done[(r, k, i)]}
-            for (r, k, i), d in durations.items()]
+    return [
+        {"rank": r, "kind": k, "mb": i, "start": done[(r, k, i)] - d, "end": done[(r, k, i)]}
+        for (r, k, i), d in durations.items()
+    ]
 
 
 def a_run(schedule: str, events: list[dict], p: int, m: int) -> dict:
@@ -89,28 +122,49 @@ def a_run(schedule: str, events: list[dict], p: int, m: int) -> dict:
 
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8)])
 def test_ideal_gpipe_timeline_has_the_formula_bubble(p, m):
-    assert timeline.bubble_fraction(gpipe_events(p, m)) == pytest.approx(timeline.ideal_bubble(p, m))
+    assert timeline.bubble_fraction(gpipe_events(p, m)) == pytest.approx(
+        timeline.ideal_bubble(p, m)
+    )
 
 
 @pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 8)])
 def test_replay_of_equal_stages_and_free_messages_is_the_formula(p, m):
     for schedule in ("gpipe", "1f1b"):
         assert timeline.replay(gpipe_events(p, m), schedule).bubble == pytest.approx(
-            timeline.ideal_bubble(p, m))
+            timeline.ideal_bubble(p, m)
+        )
 
 
 def test_schedule_orders_are_torchs():
-    assert timeline.schedule_order("gpipe", 2, 3, 1) == [("F", 0), ("F", 1), ("F", 2),
-                                                          ("B", 0), ("B", 1), ("B", 2)]
+    assert timeline.schedule_order("gpipe", 2, 3, 1) == [
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("B", 0),
+        ("B", 1),
+        ("B", 2),
+    ]
     # Schedule1F1B: stage s runs p − s forwards first, then one backward, one forward
-    assert timeline.schedule_order("1f1b", 4, 6, 1) == [("F", 0), ("F", 1), ("F", 2), ("B", 0),
-                                                         ("F", 3), ("B", 1), ("F", 4), ("B", 2),
-                                                         ("F", 5), ("B", 3), ("B", 4), ("B", 5)]
+    assert timeline.schedule_order("1f1b", 4, 6, 1) == [
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("B", 0),
+        ("F", 3),
+        ("B", 1),
+        ("F", 4),
+        ("B", 2),
+        ("F", 5),
+        ("B", 3),
+        ("B", 4),
+        ("B", 5),
+    ]
     assert timeline.schedule_order("1f1b", 4, 6, 3)[:4] == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
 
 
-@pytest.mark.parametrize("schedule,p,m", [("gpipe", 2, 8), ("1f1b", 2, 8), ("gpipe", 4, 8),
-                                          ("1f1b", 4, 8)])
+@pytest.mark.parametrize(
+    "schedule,p,m", [("gpipe", 2, 8), ("1f1b", 2, 8), ("gpipe", 4, 8), ("1f1b", 4, 8)]
+)
 def test_bubble_check_passes_a_busy_but_consistent_timeline(schedule, p, m):
     for seed in range(5):
         run = a_run(schedule, simulated(schedule, p, m, seed=seed), p, m)
@@ -147,7 +201,9 @@ def test_old_formula_check_passed_a_wrong_schedule_the_replay_catches():
 
 def test_schedule_check_counts_missing_blocks():
     p, m = 2, 4
-    events = [e for e in gpipe_events(p, m) if not (e["rank"] == 1 and e["kind"] == "B" and e["mb"] == 3)]
+    events = [
+        e for e in gpipe_events(p, m) if not (e["rank"] == 1 and e["kind"] == "B" and e["mb"] == 3)
+    ]
     with pytest.raises(CheckFailed, match="stage 1: B blocks"):
         checks.check_schedule(a_run("gpipe", events, p, m))
 
@@ -191,21 +247,31 @@ def test_help_shows_the_profiles_defaults(monkeypatch):
 
 
 def test_one_process_and_pipeline_alternate_a_b_b_a():
-    assert load_script(SCRIPT).interleaved(3) == ["serial", "pipe", "pipe", "serial", "serial", "pipe"]
+    assert load_script(SCRIPT).interleaved(3) == [
+        "serial",
+        "pipe",
+        "pipe",
+        "serial",
+        "serial",
+        "pipe",
+    ]
 
 
 @pytest.mark.launcher
 def test_pipeline_on_4_stages(tmp_path):
     ckpt = tmp_path / "pp4.pt"
-    result = run([*TINY, "--microbatches", "4", "--repeats", "2", "--checkpoint", ckpt],
-                 nprocs=4).check()
+    result = run(
+        [*TINY, "--microbatches", "4", "--repeats", "2", "--checkpoint", ckpt], nprocs=4
+    ).check()
     runs = [m for m in result.metrics if m.get("event") == "pipeline"]
     assert {(r["schedule"], r["microbatches"]) for r in runs} == {("gpipe", 4), ("1f1b", 4)}
     for r in runs:
         checks.check_equal(r["grad_rel_err"], what=f"{r['schedule']} on 4 stages")
         checks.check_schedule(r)
         checks.check_bubble(r)  # a comparison inside the run: holds on a busy machine too
-        assert len(r["serial_samples"]) == len(r["pipe_samples"]) == len(r["every_step_bubble"]) == 2
+        assert (
+            len(r["serial_samples"]) == len(r["pipe_samples"]) == len(r["every_step_bubble"]) == 2
+        )
     held = {r["schedule"]: {int(k): v[0] for k, v in r["in_flight"].items()} for r in runs}
     checks.check_in_flight(held, 4, 4)
     assert isinstance(models.load(ckpt), models.CharTransformer)
@@ -214,8 +280,22 @@ def test_pipeline_on_4_stages(tmp_path):
 @pytest.mark.launcher
 def test_a_crashed_stage_ends_the_pipeline(tmp_path):
     timeout = 120
-    result = run([*TINY, "--microbatches", "2", "--repeats", "1", "--schedules", "gpipe",
-                  "--crash-stage", "1"], nprocs=2, timeout=timeout, env={"LABS_DIST_TIMEOUT": "30"})
+    result = run(
+        [
+            *TINY,
+            "--microbatches",
+            "2",
+            "--repeats",
+            "1",
+            "--schedules",
+            "gpipe",
+            "--crash-stage",
+            "1",
+        ],
+        nprocs=2,
+        timeout=timeout,
+        env={"LABS_DIST_TIMEOUT": "30"},
+    )
     assert not result.ok and not result.timed_out and result.elapsed < timeout
     assert "deliberate crash" in result.output
     assert processes_matching(str(SCRIPT)) == []
@@ -225,8 +305,12 @@ def test_bubble_check_takes_the_least_disturbed_of_the_timed_steps():
     """One step delayed by another program passes; a disturbance in every step fails."""
     quiet = [0.30, 0.30, 0.01]  # measured, replayed, noise
     disturbed = [0.42, 0.37, 0.01]
-    run = {"schedule": "gpipe", "microbatches": 4, "stages": 2,
-           "every_step_bubble": [disturbed, quiet, disturbed]}
+    run = {
+        "schedule": "gpipe",
+        "microbatches": 4,
+        "stages": 2,
+        "every_step_bubble": [disturbed, quiet, disturbed],
+    }
     assert checks.check_bubble(run) > 0
     run["every_step_bubble"] = [disturbed, disturbed, disturbed]
     with pytest.raises(CheckFailed, match="0 of 3 agree"):

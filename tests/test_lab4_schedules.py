@@ -18,14 +18,38 @@ from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline_schedules.py"
-TINY = ["--d-model", "32", "--heads", "4", "--layers", "4", "--seq-len", "16", "--batch-size", "8",
-        "--steps", "1", "--n-chars", "20000", "--microbatches", "4", "--repeats", "2"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "4",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--steps",
+    "1",
+    "--n-chars",
+    "20000",
+    "--microbatches",
+    "4",
+    "--repeats",
+    "2",
+]
 SCHEDULES = ["1f1b", "interleaved", "zbv"]
 
 
 def run(args, *, nprocs: int, timeout: float = 240) -> launch.LaunchResult:
-    return launch.run(SCRIPT, [str(a) for a in args], nprocs=nprocs, timeout=timeout,
-                      echo=False, env={"LABS_PROFILE": "quick"})
+    return launch.run(
+        SCRIPT,
+        [str(a) for a in args],
+        nprocs=nprocs,
+        timeout=timeout,
+        echo=False,
+        env={"LABS_PROFILE": "quick"},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +64,11 @@ def ideal(order: dict, f: float = 1.0, b: float = 2.0, w: float = 0.0) -> list[d
     """Blocks of equal length per kind (B + W = b when the schedule splits W off) and no
     overhead, at the stages and ranks of ``order``; placed by the replay."""
     cost = {"F": f, "B": b - w if w else b, "W": w}
-    ev = [{"rank": int(r), "kind": k, "mb": i, "stage": s, "start": 0.0, "end": cost[k]}
-          for r, acts in order.items() for s, k, i in acts]
+    ev = [
+        {"rank": int(r), "kind": k, "mb": i, "stage": s, "start": 0.0, "end": cost[k]}
+        for r, acts in order.items()
+        for s, k, i in acts
+    ]
     return [e.as_dict() for e in timeline.replay(ev, order).events]
 
 
@@ -66,11 +93,13 @@ def test_zero_bubble_plans_fill_the_bubble_with_w(two_ranks):
 
 def test_w_holds_the_activations_until_it_ends():
     """A micro-batch is held until its W: counted as released at its B, 2 were held here."""
-    ev = [{"rank": 0, "stage": 0, "kind": "F", "mb": 0, "start": 0, "end": 1, "saved_bytes": 10},
-          {"rank": 0, "stage": 0, "kind": "F", "mb": 1, "start": 1, "end": 2, "saved_bytes": 10},
-          {"rank": 0, "stage": 0, "kind": "B", "mb": 0, "start": 2, "end": 3},
-          {"rank": 0, "stage": 0, "kind": "F", "mb": 2, "start": 3, "end": 4, "saved_bytes": 10},
-          {"rank": 0, "stage": 0, "kind": "W", "mb": 0, "start": 4, "end": 5}]
+    ev = [
+        {"rank": 0, "stage": 0, "kind": "F", "mb": 0, "start": 0, "end": 1, "saved_bytes": 10},
+        {"rank": 0, "stage": 0, "kind": "F", "mb": 1, "start": 1, "end": 2, "saved_bytes": 10},
+        {"rank": 0, "stage": 0, "kind": "B", "mb": 0, "start": 2, "end": 3},
+        {"rank": 0, "stage": 0, "kind": "F", "mb": 2, "start": 3, "end": 4, "saved_bytes": 10},
+        {"rank": 0, "stage": 0, "kind": "W", "mb": 0, "start": 4, "end": 5},
+    ]
     assert timeline.in_flight(ev)[0] == (3, 30)
 
 
@@ -95,8 +124,14 @@ def test_block_check_fails_a_timeline_out_of_order(two_ranks):
     run_ = dict(two_ranks[0]["interleaved"])
     ev = sorted(run_["events"], key=lambda e: (e["rank"], e["start"]))
     first, second = ev[1], ev[2]  # swap two blocks of rank 0
-    run_["events"] = [dict(e, start=second["start"]) if e is first else
-                      dict(e, start=first["start"]) if e is second else e for e in ev]
+    run_["events"] = [
+        dict(e, start=second["start"])
+        if e is first
+        else dict(e, start=first["start"])
+        if e is second
+        else e
+        for e in ev
+    ]
     with pytest.raises(CheckFailed, match="order"):
         checks.check_schedule_blocks(run_)
 
@@ -110,8 +145,12 @@ def test_bubble_check_fails_a_rank_idling_for_no_reason(two_ranks):
     good = {**r, "events": ev, "every_step_bubble": None}
     checks.check_bubble(good)
     cut = sorted(e["start"] for e in ev if e["rank"] == 1)[4]
-    late = [dict(e, start=e["start"] + 5, end=e["end"] + 5) if e["rank"] == 1 and e["start"] >= cut
-            else e for e in ev]
+    late = [
+        dict(e, start=e["start"] + 5, end=e["end"] + 5)
+        if e["rank"] == 1 and e["start"] >= cut
+        else e
+        for e in ev
+    ]
     with pytest.raises(CheckFailed):
         checks.check_bubble({**good, "events": late})
 
@@ -132,6 +171,11 @@ def test_stage_placement():
 
 
 def test_one_process_is_a_clean_error():
-    result = subprocess.run([sys.executable, str(SCRIPT), *TINY], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "LABS_PROFILE": "quick"})
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *TINY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LABS_PROFILE": "quick"},
+    )
     assert result.returncode == 2 and "at least 2 processes" in result.stderr

@@ -27,15 +27,32 @@ def test_easgd_check_accepts_the_reference():
     checks.check_easgd(solutions.easgd_worker, solutions.easgd_center)
 
 
-@pytest.mark.parametrize("worker, center, message", [
-    (lambda x, g, c, lr, rho: x - lr * (g - rho * (x - c)), solutions.easgd_center, "away from"),
-    (lambda x, g, c, lr, rho: x - lr * g, solutions.easgd_center, "no elastic term"),
-    (lambda x, g, c, lr, rho: x - lr * (g + rho * (x - c)) * 0.5, solutions.easgd_center, "relative error"),
-    (solutions.easgd_worker, lambda c, xs, lr, rho: c + lr * rho * sum(x - c for x in xs) / len(xs),
-     "averaged"),
-    (solutions.easgd_worker, lambda c, xs, lr, rho: c - lr * rho * sum(x - c for x in xs),
-     "relative error"),
-])
+@pytest.mark.parametrize(
+    "worker, center, message",
+    [
+        (
+            lambda x, g, c, lr, rho: x - lr * (g - rho * (x - c)),
+            solutions.easgd_center,
+            "away from",
+        ),
+        (lambda x, g, c, lr, rho: x - lr * g, solutions.easgd_center, "no elastic term"),
+        (
+            lambda x, g, c, lr, rho: x - lr * (g + rho * (x - c)) * 0.5,
+            solutions.easgd_center,
+            "relative error",
+        ),
+        (
+            solutions.easgd_worker,
+            lambda c, xs, lr, rho: c + lr * rho * sum(x - c for x in xs) / len(xs),
+            "averaged",
+        ),
+        (
+            solutions.easgd_worker,
+            lambda c, xs, lr, rho: c - lr * rho * sum(x - c for x in xs),
+            "relative error",
+        ),
+    ],
+)
 def test_easgd_check_rejects_wrong_equations(worker, center, message):
     with pytest.raises(CheckFailed, match=message):
         checks.check_easgd(worker, center)
@@ -81,8 +98,11 @@ def test_hogwild_collisions_are_counted_from_the_logged_writes():
     assert (n, overlapped) == (3, 2)
     assert when == 1.0 and collided == pytest.approx(200 / 300)
     # Sparse: the overlapping writes share one of their four rows each.
-    logs = {0: [(0.0, 2.0, np.array([1, 2, 3, 4]))], 1: [(1.0, 3.0, np.array([4, 5, 6, 7]))],
-            2: [(9.0, 9.5, np.array([4]))]}
+    logs = {
+        0: [(0.0, 2.0, np.array([1, 2, 3, 4]))],
+        1: [(1.0, 3.0, np.array([4, 5, 6, 7]))],
+        2: [(9.0, 9.5, np.array([4]))],
+    }
     n, overlapped, collided, when = hogwild.conflicts(logs, dense_size=100)
     assert (n, overlapped) == (3, 2) and when == pytest.approx(2 / 8)
     # The same worker's writes never collide with each other.
@@ -95,7 +115,9 @@ def test_hashed_features_are_sparse_and_stable():
     ids = hogwild.hashed_patches(data.x_train)
     assert ids.shape == (64, 16) and int(ids.min()) >= 0 and int(ids.max()) < hogwild.BUCKETS
     assert torch.equal(ids, hogwild.hashed_patches(data.x_train))
-    assert (ids == 0).any() and (ids != 0).sum(1).min() > 0  # empty patches, yet every image has features
+    assert (ids == 0).any() and (ids != 0).sum(
+        1
+    ).min() > 0  # empty patches, yet every image has features
 
 
 def test_batch_indices_depend_on_seed_worker_and_step_only():
@@ -122,10 +144,16 @@ for path in sys.argv[1:]:
 
 def test_scripts_have_help():
     # One interpreter for all four (torch is imported once): each must print its usage.
-    scripts = [str(SCRIPTS / n) for n in ("param_server.py", "hogwild.py", "easgd.py",
-                                          "elastic_train.py")]
-    proc = subprocess.run([sys.executable, "-c", HELP, *scripts], capture_output=True, text=True,
-                          timeout=120, env=launch.job_env("python", QUICK, 1, 60))
+    scripts = [
+        str(SCRIPTS / n) for n in ("param_server.py", "hogwild.py", "easgd.py", "elastic_train.py")
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", HELP, *scripts],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=launch.job_env("python", QUICK, 1, 60),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(" ok") == 4, proc.stdout
 
@@ -136,11 +164,32 @@ def test_scripts_have_help():
 def test_killed_rank_resumes_to_the_uninterrupted_weights(tmp_path):
     def train(name: str, *extra: str, restarts: int = 0) -> tuple[launch.LaunchResult, dict]:
         folder = tmp_path / name
-        args = ["--steps", "30", "--n-train", "1000", "--n-test", "100", "--hidden", "32",
-                "--ckpt-every", "10", "--ckpt-dir", str(folder), "--out", str(folder / "final.pt"),
-                *extra]
-        job = launch.run(SCRIPTS / "elastic_train.py", args, nprocs=2, timeout=180, echo=False,
-                         env=QUICK, launcher_args=[f"--max-restarts={restarts}"]).check()
+        args = [
+            "--steps",
+            "30",
+            "--n-train",
+            "1000",
+            "--n-test",
+            "100",
+            "--hidden",
+            "32",
+            "--ckpt-every",
+            "10",
+            "--ckpt-dir",
+            str(folder),
+            "--out",
+            str(folder / "final.pt"),
+            *extra,
+        ]
+        job = launch.run(
+            SCRIPTS / "elastic_train.py",
+            args,
+            nprocs=2,
+            timeout=180,
+            echo=False,
+            env=QUICK,
+            launcher_args=[f"--max-restarts={restarts}"],
+        ).check()
         return job, torch.load(folder / "final.pt", weights_only=True)["state_dict"]
 
     clean, a = train("clean")

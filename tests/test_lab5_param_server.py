@@ -30,8 +30,9 @@ QUICK = {"LABS_PROFILE": "quick"}
 
 def ps_job(args, nprocs=3, timeout=120, tmp=None):
     env = dict(QUICK, LABS_RUNS=str(tmp)) if tmp else QUICK
-    return launch.run(SCRIPT, [str(a) for a in args], nprocs=nprocs, timeout=timeout, echo=False,
-                      env=env)
+    return launch.run(
+        SCRIPT, [str(a) for a in args], nprocs=nprocs, timeout=timeout, echo=False, env=env
+    )
 
 
 # ------------------------------------------------------------------ logs built by hand
@@ -51,10 +52,17 @@ def round_robin(workers: int, rounds: int, slow: int = 1) -> list[tuple[int, int
 
 def summary_of(log, mode="async", workers=None, straggler=1):
     staleness = [a - p for _, p, a in log]
-    return {"mode": mode, "pushes": [list(x) for x in log], "staleness": staleness,
-            "updates": len(log), "gradients": len(log),
-            "workers": workers or len({w for w, _, _ in log}), "straggler": straggler,
-            "mean_staleness": sum(staleness) / len(staleness), "max_staleness": max(staleness)}
+    return {
+        "mode": mode,
+        "pushes": [list(x) for x in log],
+        "staleness": staleness,
+        "updates": len(log),
+        "gradients": len(log),
+        "workers": workers or len({w for w, _, _ in log}),
+        "straggler": straggler,
+        "mean_staleness": sum(staleness) / len(staleness),
+        "max_staleness": max(staleness),
+    }
 
 
 def test_equal_workers_in_lockstep_are_w_minus_1_stale_but_for_their_first_push(capsys):
@@ -78,7 +86,9 @@ def test_a_straggler_k_times_slower_is_k_times_w_minus_1_stale(capsys):
     out = capsys.readouterr().out
     assert "straggler's prediction (N − n)/n = K·(W − 1) = 9" in out
     assert "worker 3 (straggler, 3× slower): mean staleness 9.00 = predicted 9.00 − 0.00" in out
-    assert "worker 0: mean staleness 2.08 = predicted 2.33 − 0.25" in out  # W − 2 + 1/K, less its edge
+    assert (
+        "worker 0: mean staleness 2.08 = predicted 2.33 − 0.25" in out
+    )  # W − 2 + 1/K, less its edge
     # The same log claimed with a different K: the prediction from the counts fails.
     with pytest.raises(CheckFailed, match="K·\\(W − 1\\) = 6"):
         checks.check_staleness_prediction(dict(s, straggler=2))
@@ -112,8 +122,11 @@ def test_sync_claims_can_fail():
 # ------------------------------------------------------------------ the accuracy curve
 def test_the_accuracy_curve_check_wants_the_whole_run():
     summary = {"mode": "async", "updates": 40, "final_acc": 0.8}
-    curve = [{"updates": 0, "t": 0.0, "acc": 0.1}, {"updates": 20, "t": 1.0, "acc": 0.7},
-             {"updates": 40, "t": 2.0, "acc": 0.8}]
+    curve = [
+        {"updates": 0, "t": 0.0, "acc": 0.1},
+        {"updates": 20, "t": 1.0, "acc": 0.7},
+        {"updates": 40, "t": 2.0, "acc": 0.8},
+    ]
     checks.check_accuracy_curve(summary, curve)
     with pytest.raises(CheckFailed, match="last point at the last update"):
         checks.check_accuracy_curve(summary, curve[:2])
@@ -126,8 +139,14 @@ def test_the_accuracy_curve_check_wants_the_whole_run():
 
 # ------------------------------------------------------------------ the sweep's figure
 def _row(mode, workers, steps=100, shards=1):
-    return {"mode": mode, "workers": workers, "shards": shards, "steps": steps,
-            "grads_per_s": 100.0 * workers, "server_busy": [0.05 * workers] * shards}
+    return {
+        "mode": mode,
+        "workers": workers,
+        "shards": shards,
+        "steps": steps,
+        "grads_per_s": 100.0 * workers,
+        "server_busy": [0.05 * workers] * shards,
+    }
 
 
 def test_throughput_refuses_a_sweep_of_runs_of_different_lengths():
@@ -150,8 +169,10 @@ def test_throughput_has_whole_worker_ticks_and_a_legend_that_hides_nothing():
 
 
 def test_the_staleness_legend_hides_no_bar():
-    fig = plots.staleness_histogram({"equal workers": [3] * 30 + [2, 4], "straggler": [9, 8, 7],
-                                     "the others": [2, 3] * 10}, cap=12)
+    fig = plots.staleness_histogram(
+        {"equal workers": [3] * 30 + [2, 4], "straggler": [9, 8, 7], "the others": [2, 3] * 10},
+        cap=12,
+    )
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
     (ax,) = fig.axes
@@ -173,18 +194,23 @@ def _adam_without_bias_correction(param, grads, m, v, step, lr=1e-3, betas=(0.9,
 
 
 def _adam_on_the_sum(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
-    return solutions.adam_server_update(param, [torch.stack(grads).sum(0)], m, v, step, lr, betas, eps)
+    return solutions.adam_server_update(
+        param, [torch.stack(grads).sum(0)], m, v, step, lr, betas, eps
+    )
 
 
 def _sgd_instead(param, grads, m, v, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8):
     return param - lr * torch.stack(grads).mean(0), m, v
 
 
-@pytest.mark.parametrize("wrong, message", [
-    (_adam_without_bias_correction, "no bias correction"),
-    (_adam_on_the_sum, "sum"),
-    (_sgd_instead, "differs"),
-])
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (_adam_without_bias_correction, "no bias correction"),
+        (_adam_on_the_sum, "sum"),
+        (_sgd_instead, "differs"),
+    ],
+)
 def test_adam_check_rejects_wrong_updates(wrong, message):
     with pytest.raises(CheckFailed, match=message):
         checks.check_adam_server_update(wrong)
@@ -201,8 +227,9 @@ def test_the_adam_exercise_cell_follows_the_exercise_convention():
                 decorated[node.name] = [ast.unparse(d) for d in node.decorator_list]
     assert decorated["adam_server_update"] == ["exercise('lab5.adam_server_update')"]
     # So a later cell's NameError, when the exercise cell was never run, names the exercise.
-    hint = exercises.downstream_hint(NameError("name 'adam_server_update' is not defined",
-                                               name="adam_server_update"))
+    hint = exercises.downstream_hint(
+        NameError("name 'adam_server_update' is not defined", name="adam_server_update")
+    )
     assert hint and "lab5.adam_server_update" in hint
 
 
@@ -210,8 +237,25 @@ def test_the_adam_exercise_cell_follows_the_exercise_convention():
 @pytest.mark.launcher
 def test_simulated_compute_with_a_straggler_gives_the_counted_staleness(capsys):
     workers, steps, k, delay = 3, 12, 3, 0.05
-    job = ps_job(["--mode", "async", "--steps", steps, "--delay", delay, "--straggler", k,
-                  "--n-train", 500, "--n-test", 100, "--hidden", 32], nprocs=1 + workers).check()
+    job = ps_job(
+        [
+            "--mode",
+            "async",
+            "--steps",
+            steps,
+            "--delay",
+            delay,
+            "--straggler",
+            k,
+            "--n-train",
+            500,
+            "--n-test",
+            100,
+            "--hidden",
+            32,
+        ],
+        nprocs=1 + workers,
+    ).check()
     s = next(m for m in job.metrics if m["event"] == "ps_summary")
     assert (s["steps"], s["delay"], s["straggler"]) == (steps, delay, k)
     per = checks.staleness_by_worker(s)
@@ -224,8 +268,25 @@ def test_simulated_compute_with_a_straggler_gives_the_counted_staleness(capsys):
 
 @pytest.mark.launcher
 def test_the_accuracy_curve_is_the_servers_model_over_the_whole_run():
-    job = ps_job(["--mode", "async", "--shards", 2, "--steps", 20, "--snapshots", 4,
-                  "--n-train", 500, "--n-test", 200, "--hidden", 32], nprocs=4).check()
+    job = ps_job(
+        [
+            "--mode",
+            "async",
+            "--shards",
+            2,
+            "--steps",
+            20,
+            "--snapshots",
+            4,
+            "--n-train",
+            500,
+            "--n-test",
+            200,
+            "--hidden",
+            32,
+        ],
+        nprocs=4,
+    ).check()
     s = next(m for m in job.metrics if m["event"] == "ps_summary")
     curve = [m for m in job.metrics if m["event"] == "ps_eval"]
     checks.check_accuracy_curve(s, curve)  # from update 0 to the last, ending at final_acc
@@ -236,12 +297,28 @@ def test_the_accuracy_curve_is_the_servers_model_over_the_whole_run():
 
 
 @pytest.mark.launcher
-@pytest.mark.parametrize("mode, crash, who", [("sync", "worker:4", "worker 1"),
-                                              ("async", "server:6", "server")])
+@pytest.mark.parametrize(
+    "mode, crash, who", [("sync", "worker:4", "worker 1"), ("async", "server:6", "server")]
+)
 def test_a_dead_worker_or_server_ends_the_job(mode, crash, who):
     timeout = 120
-    result = ps_job(["--mode", mode, "--steps", "40", "--n-train", "1000", "--n-test", "100",
-                     "--crash", crash, "--rpc-timeout", "30"], timeout=timeout)
+    result = ps_job(
+        [
+            "--mode",
+            mode,
+            "--steps",
+            "40",
+            "--n-train",
+            "1000",
+            "--n-test",
+            "100",
+            "--crash",
+            crash,
+            "--rpc-timeout",
+            "30",
+        ],
+        timeout=timeout,
+    )
     assert not result.ok and not result.timed_out and result.elapsed < timeout
     assert f"{who}: simulated crash" in result.output
     assert "exitcode" in result.output  # torchrun names the process that failed
@@ -252,9 +329,29 @@ def test_a_dead_worker_or_server_ends_the_job(mode, crash, who):
 def test_sync_server_adam_equals_torch_adam_on_the_averaged_gradient(tmp_path):
     steps, batch, n_train, lr, hidden = 4, 16, 500, 0.01, 32
     out = tmp_path / "ps.pt"
-    result = ps_job(["--mode", "sync", "--optimizer", "adam", "--steps", steps, "--batch-size", batch,
-                     "--lr", lr, "--hidden", hidden, "--n-train", n_train, "--n-test", 100,
-                     "--save", out], tmp=tmp_path).check()
+    result = ps_job(
+        [
+            "--mode",
+            "sync",
+            "--optimizer",
+            "adam",
+            "--steps",
+            steps,
+            "--batch-size",
+            batch,
+            "--lr",
+            lr,
+            "--hidden",
+            hidden,
+            "--n-train",
+            n_train,
+            "--n-test",
+            100,
+            "--save",
+            out,
+        ],
+        tmp=tmp_path,
+    ).check()
     summary = next(m for m in result.metrics if m["event"] == "ps_summary")
     assert summary["updates"] == steps and summary["gradients"] == 2 * steps
     # The same computation in one process: both workers' gradients at the same weights,

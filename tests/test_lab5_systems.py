@@ -28,8 +28,9 @@ QUICK = {"LABS_PROFILE": "quick"}
 
 
 # ------------------------------------------------------------------ EASGD's baseline
-def synchronous_sgd(steps: int, workers: int, batch: int, n_train: int, lr: float,
-                    hidden: int) -> dict[str, torch.Tensor]:
+def synchronous_sgd(
+    steps: int, workers: int, batch: int, n_train: int, lr: float, hidden: int
+) -> dict[str, torch.Tensor]:
     """Plain synchronous SGD in one process: every worker's batch gradient taken at the
     one shared set of weights, averaged, one step."""
     torch.manual_seed(0)
@@ -52,11 +53,35 @@ def synchronous_sgd(steps: int, workers: int, batch: int, n_train: int, lr: floa
 def test_easgd_sgd_at_tau_1_is_synchronous_sgd(tmp_path):
     steps, batch, n_train, lr, hidden = 24, 32, 1000, 0.05, 32
     out = tmp_path / "centre.pt"
-    launch.run(SCRIPTS / "easgd.py",
-               ["--methods", "sgd", "--taus", "1", "--steps", str(steps), "--batch-size", str(batch),
-                "--lr", str(lr), "--hidden", str(hidden), "--n-train", str(n_train),
-                "--n-test", "100", "--eval-every", "100", "--save", str(out)],
-               nprocs=2, timeout=120, echo=False, env=QUICK).check()
+    launch.run(
+        SCRIPTS / "easgd.py",
+        [
+            "--methods",
+            "sgd",
+            "--taus",
+            "1",
+            "--steps",
+            str(steps),
+            "--batch-size",
+            str(batch),
+            "--lr",
+            str(lr),
+            "--hidden",
+            str(hidden),
+            "--n-train",
+            str(n_train),
+            "--n-test",
+            "100",
+            "--eval-every",
+            "100",
+            "--save",
+            str(out),
+        ],
+        nprocs=2,
+        timeout=120,
+        echo=False,
+        env=QUICK,
+    ).check()
     served = models.read_checkpoint(out)["state_dict"]
     want = synchronous_sgd(steps, 2, batch, n_train, lr, hidden)
     for name, p in want.items():
@@ -65,10 +90,28 @@ def test_easgd_sgd_at_tau_1_is_synchronous_sgd(tmp_path):
 
 # ------------------------------------------------------------------ elastic training
 def elastic_job(*extra: str, timeout: float = 180) -> launch.LaunchResult:
-    args = ["--steps", "30", "--n-train", "1000", "--n-test", "100", "--hidden", "32",
-            "--ckpt-every", "10", *extra]
-    return launch.run(SCRIPTS / "elastic_train.py", args, nprocs=2, timeout=timeout, echo=False,
-                      env=QUICK, launcher_args=["--max-restarts=1"])
+    args = [
+        "--steps",
+        "30",
+        "--n-train",
+        "1000",
+        "--n-test",
+        "100",
+        "--hidden",
+        "32",
+        "--ckpt-every",
+        "10",
+        *extra,
+    ]
+    return launch.run(
+        SCRIPTS / "elastic_train.py",
+        args,
+        nprocs=2,
+        timeout=timeout,
+        echo=False,
+        env=QUICK,
+        launcher_args=["--max-restarts=1"],
+    )
 
 
 @pytest.mark.launcher
@@ -78,11 +121,29 @@ def test_elastic_runs_in_a_row_each_kill_and_restart(tmp_path):
     # step 0 in a folder of its own, is killed at step 25 and resumes from step 20.
     folders, sums = [], []
     for _ in range(2):
-        job = launch.run(SCRIPTS / "elastic_train.py",
-                         ["--steps", "30", "--n-train", "1000", "--n-test", "100", "--hidden", "32",
-                          "--ckpt-every", "10", "--kill-at", "25"],
-                         nprocs=2, timeout=180, echo=False, env=QUICK, cwd=tmp_path,
-                         launcher_args=["--max-restarts=1"]).check()
+        job = launch.run(
+            SCRIPTS / "elastic_train.py",
+            [
+                "--steps",
+                "30",
+                "--n-train",
+                "1000",
+                "--n-test",
+                "100",
+                "--hidden",
+                "32",
+                "--ckpt-every",
+                "10",
+                "--kill-at",
+                "25",
+            ],
+            nprocs=2,
+            timeout=180,
+            echo=False,
+            env=QUICK,
+            cwd=tmp_path,
+            launcher_args=["--max-restarts=1"],
+        ).check()
         assert "rank 1: SIGKILL at step 25" in job.output
         starts = [m for m in job.metrics if m["event"] == "elastic_start"]
         assert [(m["attempt"], m["step"]) for m in starts] == [(0, 0), (1, 20)]
@@ -113,8 +174,16 @@ def test_elastic_first_attempt_refuses_a_used_checkpoint(tmp_path):
 
 @pytest.mark.launcher
 def test_elastic_refuses_mpirun(tmp_path):
-    job = launch.run(SCRIPTS / "elastic_train.py", ["--steps", "5", "--n-train", "1000"],
-                     nprocs=2, launcher="mpirun", timeout=120, echo=False, env=QUICK, cwd=tmp_path)
+    job = launch.run(
+        SCRIPTS / "elastic_train.py",
+        ["--steps", "5", "--n-train", "1000"],
+        nprocs=2,
+        launcher="mpirun",
+        timeout=120,
+        echo=False,
+        env=QUICK,
+        cwd=tmp_path,
+    )
     assert job.returncode != 0 and not job.timed_out
     assert "needs torchrun's agent" in job.output and "'mpirun'" in job.output
     assert not any(tmp_path.iterdir())
@@ -128,10 +197,15 @@ def test_graphs_notebook_writes_nothing_to_stderr(tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_PROFILE", "quick")
     monkeypatch.setenv("LABS_SOLUTIONS", "1")
     nb = nbformat.read(LAB / "05_graphs.ipynb", as_version=4)
-    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
-                            resources={"metadata": {"path": str(LAB)}}).execute()
-    stderr = [(i, "".join(o.get("text", ""))[:300]) for i, c in enumerate(nb.cells)
-              for o in c.get("outputs", []) if o.get("name") == "stderr"]
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(LAB)}}
+    ).execute()
+    stderr = [
+        (i, "".join(o.get("text", ""))[:300])
+        for i, c in enumerate(nb.cells)
+        for o in c.get("outputs", [])
+        if o.get("name") == "stderr"
+    ]
     assert not stderr, stderr
 
 
@@ -140,18 +214,24 @@ def _hogwild(model: str, lock: bool, rate: float) -> dict:
     return {"model": model, "lock": lock, "updates_per_s": rate}
 
 
-@pytest.mark.parametrize("dense_lock, dense_free, word", [(727.0, 439.0, "the lock"),
-                                                           (439.0, 727.0, "no lock")])
+@pytest.mark.parametrize(
+    "dense_lock, dense_free, word", [(727.0, 439.0, "the lock"), (439.0, 727.0, "no lock")]
+)
 def test_hogwild_speed_conclusion_follows_the_numbers(capsys, dense_lock, dense_free, word):
-    checks.show_lock_speed([_hogwild("dense", True, dense_lock), _hogwild("dense", False, dense_free)])
+    checks.show_lock_speed(
+        [_hogwild("dense", True, dense_lock), _hogwild("dense", False, dense_free)]
+    )
     out = capsys.readouterr().out
     assert f"dense model: {word} gave more updates per second" in out, out
     assert "shown, not asserted" in out
 
 
 def test_hogwild_figure_labels_its_axes_and_keeps_the_legend_off_the_bars():
-    recs = [dict(_hogwild(m, lk, 500.0), acc=0.8, collided_when_overlapping=0.5)
-            for m in ("dense", "sparse") for lk in (True, False)]
+    recs = [
+        dict(_hogwild(m, lk, 500.0), acc=0.8, collided_when_overlapping=0.5)
+        for m in ("dense", "sparse")
+        for lk in (True, False)
+    ]
     fig = plots.hogwild(recs)
     assert all(ax.get_ylabel() for ax in fig.axes)
     legend = fig.legends[0] if fig.legends else fig.axes[0].get_legend()
@@ -164,8 +244,10 @@ def test_hogwild_figure_labels_its_axes_and_keeps_the_legend_off_the_bars():
 
 # ------------------------------------------------------------------ failure cost figure
 def test_time_lost_stacks_the_measured_parts():
-    rows = [{"interval": 50, "redone": 40, "restart_s": 6.0, "redo_s": 0.4, "ckpt_s": 0.1},
-            {"interval": 10, "redone": 5, "restart_s": 5.0, "redo_s": 0.05, "ckpt_s": 0.5}]
+    rows = [
+        {"interval": 50, "redone": 40, "restart_s": 6.0, "redo_s": 0.4, "ckpt_s": 0.1},
+        {"interval": 10, "redone": 5, "restart_s": 5.0, "redo_s": 0.05, "ckpt_s": 0.5},
+    ]
     ax = plots.time_lost(rows)
     heights = [p.get_height() for p in ax.patches]
     assert heights == pytest.approx([5.0, 6.0, 0.05, 0.4, 0.5, 0.1])  # sorted by interval

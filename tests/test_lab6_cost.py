@@ -29,14 +29,26 @@ def test_transformer_formula_equals_the_counter_and_the_fused_kernel_is_not_coun
     assert 6 * flops.linear_weights(model) * b * s == fused
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (lambda *a: reference.transformer_train_flops(*a) // 3, "forward pass only"),
-    (lambda L, d, v, b, s: 6 * (12 * L * d * d + d * v) * b * s, "attention products are missing"),
-    (lambda L, d, v, b, s: 6 * (12 * L * d * d + d * v) * b * s + 6 * L * b * s * s * d,
-     "causal mask does not halve"),
-    (lambda L, d, v, b, s: reference.transformer_train_flops(L, d, v, b, s) + 6 * v * d * b * s,
-     "embedding is a look-up"),
-])
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (lambda *a: reference.transformer_train_flops(*a) // 3, "forward pass only"),
+        (
+            lambda L, d, v, b, s: 6 * (12 * L * d * d + d * v) * b * s,
+            "attention products are missing",
+        ),
+        (
+            lambda L, d, v, b, s: 6 * (12 * L * d * d + d * v) * b * s + 6 * L * b * s * s * d,
+            "causal mask does not halve",
+        ),
+        (
+            lambda L, d, v, b, s: (
+                reference.transformer_train_flops(L, d, v, b, s) + 6 * v * d * b * s
+            ),
+            "embedding is a look-up",
+        ),
+    ],
+)
 def test_a_wrong_transformer_count_fails_and_names_the_mistake(wrong, hint):
     with pytest.raises(CheckFailed, match=hint):
         checks.check_transformer_flops(wrong)

@@ -16,8 +16,20 @@ from lab_utils.solutions import lab6 as solutions
 
 SCRIPTS = REPO / "labs" / "lab6_efficiency" / "scripts"
 QUICK = {"LABS_PROFILE": "quick"}
-TINY = ["--d-model", "32", "--heads", "4", "--layers", "2", "--seq-len", "16",
-        "--batch-size", "8", "--n-chars", "20000"]
+TINY = [
+    "--d-model",
+    "32",
+    "--heads",
+    "4",
+    "--layers",
+    "2",
+    "--seq-len",
+    "16",
+    "--batch-size",
+    "8",
+    "--n-chars",
+    "20000",
+]
 
 
 def events_of(result: launch.LaunchResult, kind: str) -> list[dict]:
@@ -32,15 +44,19 @@ def x(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> di
 def two_steps() -> list[dict]:
     """Two 100 µs steps on thread 1; arithmetic 0–60 and 100–150; Gloo (thread 9)
     all-reduces 40–80 and 130–190; an operator on another thread that is not compute."""
-    return [x("ProfilerStep#1", 1000, 100, cat="user_annotation"),
-            x("ProfilerStep#2", 1100, 100, cat="user_annotation"),
-            x("aten::mm", 1000, 40), x("aten::add", 1030, 30),  # nested: 0–60
-            x("aten::mm", 1100, 50),
-            x("c10d::allreduce_", 1040, 2),  # the launch on the main thread, not compute
-            x("gloo:all_reduce", 1040, 40, tid=9), x("gloo:all_reduce", 1130, 60, tid=9),
-            x("aten::copy_", 1060, 20, tid=7),  # a thread that is not the training loop's
-            x("aten::mm", 900, 50),  # before the recorded steps
-            {"ph": "M", "name": "thread_name", "tid": 9}]
+    return [
+        x("ProfilerStep#1", 1000, 100, cat="user_annotation"),
+        x("ProfilerStep#2", 1100, 100, cat="user_annotation"),
+        x("aten::mm", 1000, 40),
+        x("aten::add", 1030, 30),  # nested: 0–60
+        x("aten::mm", 1100, 50),
+        x("c10d::allreduce_", 1040, 2),  # the launch on the main thread, not compute
+        x("gloo:all_reduce", 1040, 40, tid=9),
+        x("gloo:all_reduce", 1130, 60, tid=9),
+        x("aten::copy_", 1060, 20, tid=7),  # a thread that is not the training loop's
+        x("aten::mm", 900, 50),  # before the recorded steps
+        {"ph": "M", "name": "thread_name", "tid": 9},
+    ]
 
 
 def test_trace_intervals_and_overlap_are_exact():
@@ -59,8 +75,11 @@ def test_trace_reader_mistakes_change_the_answer():
     """A reader counting the launch or another thread's operators as compute, or
     ignoring the steps' window, would not get these numbers."""
     t = trace.from_events(two_steps())
-    everything = trace.merge((e["ts"] - 1000, e["ts"] + e["dur"] - 1000) for e in two_steps()
-                             if e["ph"] == "X" and e["name"].startswith("aten::"))
+    everything = trace.merge(
+        (e["ts"] - 1000, e["ts"] + e["dur"] - 1000)
+        for e in two_steps()
+        if e["ph"] == "X" and e["name"].startswith("aten::")
+    )
     assert trace.overlap_fraction(everything, t.comm) != trace.overlap_fraction(t.compute, t.comm)
     with pytest.raises(ValueError, match="ProfilerStep"):
         trace.from_events([x("aten::mm", 0, 1)])
@@ -90,11 +109,14 @@ def forward_order(nbytes, cap):
     return out
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (forward_order, "LAST layer"),
-    (lambda nbytes, cap: [list(reversed(range(len(nbytes))))], "passed the cap"),
-    (lambda nbytes, cap: [[i] for i in reversed(range(len(nbytes)))], "would not fit"),
-])
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (forward_order, "LAST layer"),
+        (lambda nbytes, cap: [list(reversed(range(len(nbytes))))], "passed the cap"),
+        (lambda nbytes, cap: [[i] for i in reversed(range(len(nbytes)))], "would not fit"),
+    ],
+)
 def test_wrong_buckets_fail(wrong, hint):
     with pytest.raises(CheckFailed, match=hint):
         checks.check_make_buckets(wrong)
@@ -104,18 +126,22 @@ def patched(strategy_to_break: str, change):
     def fn(strategy, **kw):
         right = solutions.bytes_sent_per_rank(strategy, **kw)
         return change(right, kw) if strategy == strategy_to_break else right
+
     return fn
 
 
-@pytest.mark.parametrize("wrong, hint", [
-    (patched("ddp", lambda v, kw: v / 2), "reduce-scatter followed by an all-gather"),
-    (patched("ddp", lambda v, kw: 2 * kw["psi"] * 4), r"\(n−1\)/n"),
-    (patched("zero1", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "broadcasts"),
-    (patched("fsdp", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "twice"),
-    (patched("tp", lambda v, kw: v / 2), "backward all-reduces too"),
-    (patched("pp", lambda v, kw: v / 2), "comes back in backward"),
-    (patched("tp", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "activations"),
-])
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (patched("ddp", lambda v, kw: v / 2), "reduce-scatter followed by an all-gather"),
+        (patched("ddp", lambda v, kw: 2 * kw["psi"] * 4), r"\(n−1\)/n"),
+        (patched("zero1", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "broadcasts"),
+        (patched("fsdp", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "twice"),
+        (patched("tp", lambda v, kw: v / 2), "backward all-reduces too"),
+        (patched("pp", lambda v, kw: v / 2), "comes back in backward"),
+        (patched("tp", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "activations"),
+    ],
+)
 def test_wrong_byte_predictions_fail(wrong, hint):
     with pytest.raises(CheckFailed, match=hint):
         checks.check_bytes_sent_per_rank(wrong)
@@ -146,10 +172,25 @@ def test_replay_exposed_communication():
 @pytest.fixture(scope="module")
 def hand_ddp_runs():
     """One 2-process run: HandDDP as written, without the average, and with a bucket sent early."""
-    result = launch.run(SCRIPTS / "ddp_by_hand.py",
-                        [*TINY, "--steps", "2", "--bucket-kb", "4", "--no-timing",
-                         "--bugs", "none", "no_average", "early_bucket"],
-                        nprocs=2, timeout=240, echo=False, env=QUICK).check()
+    result = launch.run(
+        SCRIPTS / "ddp_by_hand.py",
+        [
+            *TINY,
+            "--steps",
+            "2",
+            "--bucket-kb",
+            "4",
+            "--no-timing",
+            "--bugs",
+            "none",
+            "no_average",
+            "early_bucket",
+        ],
+        nprocs=2,
+        timeout=240,
+        echo=False,
+        env=QUICK,
+    ).check()
     return {m["bug"]: m for m in events_of(result, "equivalence")}
 
 
@@ -161,8 +202,10 @@ def test_hand_ddp_equals_ddp(hand_ddp_runs):
 
 
 @pytest.mark.launcher
-@pytest.mark.parametrize("bug, hint", [("no_average", "divide by the number of ranks"),
-                                       ("early_bucket", "before all its gradients")])
+@pytest.mark.parametrize(
+    "bug, hint",
+    [("no_average", "divide by the number of ranks"), ("early_bucket", "before all its gradients")],
+)
 def test_hand_ddp_mistakes_fail(hand_ddp_runs, bug, hint):
     with pytest.raises(CheckFailed, match=hint):
         checks.check_hand_ddp(hand_ddp_runs[bug])
@@ -173,10 +216,15 @@ def test_hand_ddp_mistakes_fail(hand_ddp_runs, bug, hint):
 def test_profile_ddp_under_mpirun(tmp_path):
     """Under mpirun too, each rank writes its trace, and the trace holds one all-reduce per
     DDP bucket per recorded step."""
-    result = launch.run(SCRIPTS / "profile_ddp.py",
-                        [*TINY, "--bucket-cap-mb", "0.005", "--active", "1", "--out", str(tmp_path)],
-                        nprocs=2, launcher="mpirun", timeout=240, echo=False,
-                        env=dict(QUICK, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))).check()
+    result = launch.run(
+        SCRIPTS / "profile_ddp.py",
+        [*TINY, "--bucket-cap-mb", "0.005", "--active", "1", "--out", str(tmp_path)],
+        nprocs=2,
+        launcher="mpirun",
+        timeout=240,
+        echo=False,
+        env=dict(QUICK, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
+    ).check()
     (run,) = events_of(result, "trace")
     assert run["buckets"] > 1
     for path in run["paths"]:

@@ -15,8 +15,7 @@ pytestmark = pytest.mark.launcher
 
 @pytest.mark.parametrize("launcher", ["torchrun", "horovodrun", "mpirun"])
 def test_two_processes_all_reduce_the_same_result(launcher):
-    result = launch.run(JOBS / "allreduce.py", nprocs=2, launcher=launcher, timeout=120,
-                        echo=False)
+    result = launch.run(JOBS / "allreduce.py", nprocs=2, launcher=launcher, timeout=120, echo=False)
     result.check()
     # Ranks contribute 1 and 2: every launcher must give 3 and a world of 2.
     assert result.metrics == [{"sum": 3.0, "world_size": 2, "launcher": launcher}]
@@ -27,8 +26,9 @@ def test_two_processes_all_reduce_the_same_result(launcher):
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "horovodrun"])
 def test_a_crashing_rank_ends_the_job_with_its_error(launcher):
     timeout = 90
-    result = launch.run(JOBS / "crash_rank1.py", nprocs=2, launcher=launcher, timeout=timeout,
-                        echo=False)
+    result = launch.run(
+        JOBS / "crash_rank1.py", nprocs=2, launcher=launcher, timeout=timeout, echo=False
+    )
     assert not result.ok and not result.timed_out
     assert result.returncode != 0
     assert result.elapsed < timeout
@@ -62,13 +62,22 @@ def test_interrupt_leaves_no_process_behind():
         except KeyboardInterrupt:
             print("interrupted cleanly", flush=True)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.time() + 60
     while time.time() < deadline:
-        workers = [p for p in processes_matching(str(JOBS / marker))
-                   if "mpirun" not in " ".join(p.cmdline())
-                   and "lab_utils.reaper" not in p.cmdline() and "-c" not in p.cmdline()]
+        workers = [
+            p
+            for p in processes_matching(str(JOBS / marker))
+            if "mpirun" not in " ".join(p.cmdline())
+            and "lab_utils.reaper" not in p.cmdline()
+            and "-c" not in p.cmdline()
+        ]
         if len(workers) >= 2:
             break
         time.sleep(0.2)
@@ -103,21 +112,29 @@ def test_command_forms():
     module = launch.command("python", 1, "lab_utils.cli", ["--help"], module=True)
     assert module[1:] == ["-m", "lab_utils.cli", "--help"]
     mpi = launch.command("mpirun", 4, "train.py", env={"MASTER_PORT": "1234"})
-    assert "--oversubscribe" in mpi and mpi[mpi.index("-x"):][:2] == ["-x", "MASTER_PORT"]
+    assert "--oversubscribe" in mpi and mpi[mpi.index("-x") :][:2] == ["-x", "MASTER_PORT"]
 
 
 @pytest.mark.parametrize("step", [1, 5, 64])
 def test_rank_demux_reassembles_split_writes(step):
-    stream = ("[1,0]<stdout>:hello [1,0]<stdout>:world[1,0]<stdout>:\n"
-              "[1,1]<stdout>:half [1,1]<stderr>:an error\n"
-              "[1,1]<stdout>:line\n"
-              "launcher message\n"
-              "[default0]:torchrun line\n"
-              "[1]<stdout>:horovod line\n")
+    stream = (
+        "[1,0]<stdout>:hello [1,0]<stdout>:world[1,0]<stdout>:\n"
+        "[1,1]<stdout>:half [1,1]<stderr>:an error\n"
+        "[1,1]<stdout>:line\n"
+        "launcher message\n"
+        "[default0]:torchrun line\n"
+        "[1]<stdout>:horovod line\n"
+    )
     demux = launch.RankDemux()
     got = []
     for i in range(0, len(stream), step):
-        got += list(demux.feed(stream[i:i + step]))
+        got += list(demux.feed(stream[i : i + step]))
     got += list(demux.flush())
-    assert got == [(0, "hello world"), (1, "an error"), (1, "half line"),
-                   (None, "launcher message"), (0, "torchrun line"), (1, "horovod line")]
+    assert got == [
+        (0, "hello world"),
+        (1, "an error"),
+        (1, "half line"),
+        (None, "launcher message"),
+        (0, "torchrun line"),
+        (1, "horovod line"),
+    ]

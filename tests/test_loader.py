@@ -32,8 +32,12 @@ def test_even_shards_give_every_rank_the_same_batches_and_cover_the_data(n, worl
 def test_uneven_shards_partition_the_data_exactly(shuffle):
     n, world = 11, 3
     x, y = labelled(n)
-    seen = [labels_seen(TensorLoader(x, y, 4, rank=r, world_size=world, shuffle=shuffle,
-                                     even_shards=False)) for r in range(world)]
+    seen = [
+        labels_seen(
+            TensorLoader(x, y, 4, rank=r, world_size=world, shuffle=shuffle, even_shards=False)
+        )
+        for r in range(world)
+    ]
     flat = sorted(i for s in seen for i in s)
     assert flat == list(range(n))  # every sample exactly once
     assert [len(s) for s in seen] == [4, 4, 3]
@@ -41,15 +45,17 @@ def test_uneven_shards_partition_the_data_exactly(shuffle):
 
 def test_more_ranks_than_samples_leaves_an_evaluation_shard_empty():
     x, y = labelled(2)
-    assert [len(TensorLoader(x, y, 4, rank=r, world_size=3, even_shards=False))
-            for r in range(3)] == [1, 1, 0]
+    assert [
+        len(TensorLoader(x, y, 4, rank=r, world_size=3, even_shards=False)) for r in range(3)
+    ] == [1, 1, 0]
     assert labels_seen(TensorLoader(x, y, 4, rank=2, world_size=3, even_shards=False)) == []
 
 
 def test_unshuffled_uneven_shard_is_rank_strided():
     x, y = labelled(10)
-    assert labels_seen(TensorLoader(x, y, 3, rank=1, world_size=3, shuffle=False,
-                                    even_shards=False)) == [1, 4, 7]
+    assert labels_seen(
+        TensorLoader(x, y, 3, rank=1, world_size=3, shuffle=False, even_shards=False)
+    ) == [1, 4, 7]
 
 
 def test_epochs_reshuffle_reproducibly_and_ranks_agree():
@@ -83,7 +89,9 @@ def test_normalisation_matches_formula_and_dtype():
     x = torch.randint(0, 256, (6, 3, 5, 5), dtype=torch.uint8)
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     xb, _ = next(iter(TensorLoader(x, torch.zeros(6), 6, shuffle=False, mean=mean, std=std)))
-    expected = (x.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    expected = (x.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
     assert xb.dtype == torch.float32
     torch.testing.assert_close(xb, expected)
     plain, _ = next(iter(TensorLoader(x, torch.zeros(6), 6, shuffle=False)))
@@ -116,7 +124,9 @@ def test_from_dataset_defaults():
     test = TensorLoader.from_dataset(ds, "test", 2, world_size=2, rank=1)
     assert train.shuffle and not test.shuffle and not test.even_shards
     assert labels_seen(test) == [1, 3]
-    torch.testing.assert_close(next(iter(test))[0][0, 0, 0, 0], torch.tensor((1 / 255 - 0.5) / 0.25))
+    torch.testing.assert_close(
+        next(iter(test))[0][0, 0, 0, 0], torch.tensor((1 / 255 - 0.5) / 0.25)
+    )
     with pytest.raises(ValueError, match="split"):
         TensorLoader.from_dataset(ds, "valid", 4)
 
@@ -142,7 +152,7 @@ def test_random_crop_equals_pad_then_crop():
         padded = F.pad(x.float(), (2, 2, 2, 2), mode=torch_mode).to(torch.uint8)
         for i in range(64):
             dy, dx = shift[:, i].tolist()
-            assert torch.equal(out[i], padded[i, :, dy:dy + 8, dx:dx + 8]), (mode, i)
+            assert torch.equal(out[i], padded[i, :, dy : dy + 8, dx : dx + 8]), (mode, i)
     assert out.dtype == torch.uint8 and out.shape == x.shape
 
 

@@ -40,8 +40,16 @@ def test_every_model_runs_forward_on_its_input_shape(arch, channels, size, class
 
 def test_arch_spec_records_every_argument_with_defaults():
     model = models.build("fmnist_cnn", width=8)
-    assert model.arch_spec == {"arch": "fmnist_cnn", "kwargs": {
-        "in_channels": 1, "image_size": 28, "num_classes": 10, "width": 8, "batch_norm": True}}
+    assert model.arch_spec == {
+        "arch": "fmnist_cnn",
+        "kwargs": {
+            "in_channels": 1,
+            "image_size": 28,
+            "num_classes": 10,
+            "width": 8,
+            "batch_norm": True,
+        },
+    }
 
 
 def test_batch_norm_switch():
@@ -49,7 +57,9 @@ def test_batch_norm_switch():
     without = small("fmnist_cnn", batch_norm=False)
     assert any(isinstance(m, nn.BatchNorm2d) for m in with_bn.modules())
     assert not any(isinstance(m, nn.BatchNorm2d) for m in without.modules())
-    assert not any(isinstance(m, nn.BatchNorm2d) for m in small("resnet_cifar", batch_norm=False).modules())
+    assert not any(
+        isinstance(m, nn.BatchNorm2d) for m in small("resnet_cifar", batch_norm=False).modules()
+    )
 
 
 def test_wrong_input_shape_says_what_was_expected():
@@ -148,8 +158,9 @@ class _Payload:
 
 def test_a_malicious_pickle_is_refused_not_run(tmp_path):
     marker = tmp_path / "code-ran"
-    path = save_raw(tmp_path / "evil.pt", {**models.checkpoint(small("linear")),
-                                           "extra": _Payload(marker)})
+    path = save_raw(
+        tmp_path / "evil.pt", {**models.checkpoint(small("linear")), "extra": _Payload(marker)}
+    )
     with pytest.raises(CheckpointError, match="refused to load.*Unsupported global"):
         models.load(path)
     assert not marker.exists()

@@ -23,8 +23,15 @@ def test_scale_lr_rules():
     assert optim.scale_lr(0.1, 256, 64, "linear") == pytest.approx(0.025)
 
 
-@pytest.mark.parametrize("args", [(0.1, 64, 128, "cubic"), (0.0, 64, 128, "linear"),
-                                  (0.1, 0, 128, "linear"), (0.1, 64, -1, "sqrt")])
+@pytest.mark.parametrize(
+    "args",
+    [
+        (0.1, 64, 128, "cubic"),
+        (0.0, 64, 128, "linear"),
+        (0.1, 0, 128, "linear"),
+        (0.1, 64, -1, "sqrt"),
+    ],
+)
 def test_scale_lr_rejects_bad_input(args):
     with pytest.raises(ValueError):
         optim.scale_lr(*args)
@@ -53,7 +60,7 @@ def test_lr_schedule_shapes():
     lin = optim.lr_schedule(10, decay="linear", final_factor=0.1)
     assert lin(5) == pytest.approx(0.55)
     step = optim.lr_schedule(10, decay="step", milestones=(4, 8), gamma=0.5)
-    assert [step(s) for s in (0, 3, 4, 7, 8, 9)] == pytest.approx([1, 1, .5, .5, .25, .25])
+    assert [step(s) for s in (0, 3, 4, 7, 8, 9)] == pytest.approx([1, 1, 0.5, 0.5, 0.25, 0.25])
     with pytest.raises(ValueError):
         optim.lr_schedule(10, warmup_steps=11)
     with pytest.raises(ValueError):
@@ -93,8 +100,9 @@ def test_lars_one_step_matches_paper():
 
 def test_lars_one_step_with_weight_decay():
     # β = 0.1: local lr = 0.01·5 / (1 + 0.1·5) = 1/30; g + βw = (0.9, 1.2); step = (0.03, 0.04)
-    w, _ = _one_step(optim.LARS, [3.0, 4.0], [0.6, 0.8], lr=1.0, trust_coefficient=0.01,
-                     weight_decay=0.1)
+    w, _ = _one_step(
+        optim.LARS, [3.0, 4.0], [0.6, 0.8], lr=1.0, trust_coefficient=0.01, weight_decay=0.1
+    )
     assert w.tolist() == pytest.approx([2.97, 3.96])
 
 
@@ -227,7 +235,9 @@ def test_trust_ratios_by_layer_name():
 def test_ghost_bn_equals_bn_when_ghost_is_the_batch(kind, shape):
     torch.manual_seed(0)
     bn = {"2d": nn.BatchNorm2d, "1d": nn.BatchNorm1d}[kind](3)
-    ghost = {"2d": optim.GhostBatchNorm2d, "1d": optim.GhostBatchNorm1d}[kind](3, ghost_batch_size=16)
+    ghost = {"2d": optim.GhostBatchNorm2d, "1d": optim.GhostBatchNorm1d}[kind](
+        3, ghost_batch_size=16
+    )
     with torch.no_grad():
         bn.weight.uniform_(0.5, 1.5)
         bn.bias.uniform_(-1, 1)
@@ -256,8 +266,13 @@ def test_ghost_bn_normalises_each_ghost_batch_separately():
 
 
 def test_ghost_batch_norm_replaces_bn_layers_in_place():
-    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(),
-                          nn.Linear(4 * 4 * 4, 5), nn.BatchNorm1d(5))
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 5),
+        nn.BatchNorm1d(5),
+    )
     model[1].running_mean.fill_(0.3)
     optim.ghost_batch_norm(model, 8)
     assert isinstance(model[1], optim.GhostBatchNorm2d)
@@ -299,7 +314,7 @@ def test_sample_noise_weights_each_sample_gradient():
     expected = torch.zeros_like(got)
     for n in range(8):
         net.zero_grad()
-        nn.functional.cross_entropy(net(x[n:n + 1]), y[n:n + 1]).backward()
+        nn.functional.cross_entropy(net(x[n : n + 1]), y[n : n + 1]).backward()
         expected += z[n] * net.weight.grad / 8
     torch.testing.assert_close(got, expected)
     assert not torch.allclose(z, torch.ones(8))  # really noisy
@@ -327,7 +342,7 @@ def test_per_sample_noise_gives_a_large_batch_the_small_batch_covariance(big):
     Σ/B, b/B as much. The Monte-Carlo error of 4000 draws is a few percent."""
     grads, small = _per_sample_gradients(), 16
     sigma_small = torch.cov(grads.T, correction=0) / small  # Σ / b, sampled with replacement
-    rel = lambda c: float((c - sigma_small).norm() / sigma_small.norm())  # noqa: E731
+    rel = lambda c: float((c - sigma_small).norm() / sigma_small.norm())
     noisy = optim.weighted_mean_covariance(grads, big, optim.noise_std(big, small), 4000)
     plain = optim.weighted_mean_covariance(grads, big, 0.0, 4000)
     assert rel(noisy) < 0.1
@@ -336,8 +351,10 @@ def test_per_sample_noise_gives_a_large_batch_the_small_batch_covariance(big):
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(len(grads), (4000, big), generator=gen)
     means = grads[idx].mean(1)
-    averaged = means * (1 + optim.noise_std(big, small) * torch.randn(means.shape, generator=gen,
-                                                                    dtype=torch.float64))
+    averaged = means * (
+        1
+        + optim.noise_std(big, small) * torch.randn(means.shape, generator=gen, dtype=torch.float64)
+    )
     assert rel(torch.cov(averaged.T)) > 0.3
 
 
@@ -369,8 +386,14 @@ def test_larc_matches_apex(mode, lr):
     nets = [nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3)) for _ in range(2)]
     nets[1].load_state_dict(nets[0].state_dict())
     x, y = torch.randn(16, 6), torch.randint(0, 3, (16,))
-    ours = optim.LARC(nets[0].parameters(), lr=lr, momentum=0.9, weight_decay=1e-3,
-                      trust_coefficient=0.02, mode=mode)
+    ours = optim.LARC(
+        nets[0].parameters(),
+        lr=lr,
+        momentum=0.9,
+        weight_decay=1e-3,
+        trust_coefficient=0.02,
+        mode=mode,
+    )
     apex = torch.optim.SGD(nets[1].parameters(), lr=lr, momentum=0.9, weight_decay=1e-3)
     for _ in range(4):
         for net in nets:
@@ -388,8 +411,9 @@ def test_larc_clip_is_min_of_global_and_local_rate():
         w = nn.Parameter(torch.tensor([3.0, 4.0]))
         w.grad = torch.tensor([0.6, 0.8])
         optim.LARC([w], lr=lr, momentum=0.0, trust_coefficient=0.01, eps=0.0).step()
-        torch.testing.assert_close(w.detach(), torch.tensor([3.0, 4.0]) - expected_rate
-                                   * torch.tensor([0.6, 0.8]))
+        torch.testing.assert_close(
+            w.detach(), torch.tensor([3.0, 4.0]) - expected_rate * torch.tensor([0.6, 0.8])
+        )
     with pytest.raises(ValueError, match="mode"):
         optim.LARC([w], mode="both")
 
@@ -407,8 +431,10 @@ def _novograd_paper(ws, grads_per_step, lr, beta1, beta2, eps, d):
                 m[layer] = [gi / math.sqrt(norm2) + d * wi for gi, wi in zip(g, ws[layer])]
             else:
                 v[layer] = beta2 * v[layer] + (1 - beta2) * norm2
-                m[layer] = [beta1 * mi + (gi / (math.sqrt(v[layer]) + eps) + d * wi)
-                            for mi, gi, wi in zip(m[layer], g, ws[layer])]
+                m[layer] = [
+                    beta1 * mi + (gi / (math.sqrt(v[layer]) + eps) + d * wi)
+                    for mi, gi, wi in zip(m[layer], g, ws[layer])
+                ]
             ws[layer] = [wi - lr * mi for wi, mi in zip(ws[layer], m[layer])]
     return ws
 
@@ -417,17 +443,22 @@ def test_novograd_matches_the_paper():
     gen = torch.Generator().manual_seed(2)
     shapes = [(3, 2), (4,)]
     start = [torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
-    steps = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes]
-             for _ in range(4)]
+    steps = [[torch.randn(s, generator=gen, dtype=torch.float64) for s in shapes] for _ in range(4)]
     params = [nn.Parameter(w.clone()) for w in start]
     opt = optim.NovoGrad(params, lr=0.1, betas=(0.95, 0.98), eps=1e-8, weight_decay=0.01)
     for grads in steps:
         for p, g in zip(params, grads, strict=True):
             p.grad = g.clone()
         opt.step()
-    expected = _novograd_paper([w.flatten().tolist() for w in start],
-                               [[g.flatten().tolist() for g in grads] for grads in steps],
-                               0.1, 0.95, 0.98, 1e-8, 0.01)
+    expected = _novograd_paper(
+        [w.flatten().tolist() for w in start],
+        [[g.flatten().tolist() for g in grads] for grads in steps],
+        0.1,
+        0.95,
+        0.98,
+        1e-8,
+        0.01,
+    )
     for p, e in zip(params, expected, strict=True):
         assert p.detach().flatten().tolist() == pytest.approx(e, rel=1e-12)
     # the second moment is one number per layer, not per element as in Adam
@@ -441,7 +472,9 @@ def test_novograd_grad_averaging_and_bad_input():
         w.grad = torch.tensor([3.0, 4.0])
         opt.step()
     # step 1: m = g/‖g‖ = (0.6, 0.8); step 2: v = 25, m = 0.5 m + 0.5 g/5 = (0.6, 0.8)
-    torch.testing.assert_close(w.detach(), torch.tensor([1.0, 0.0]) - 0.2 * torch.tensor([0.6, 0.8]))
+    torch.testing.assert_close(
+        w.detach(), torch.tensor([1.0, 0.0]) - 0.2 * torch.tensor([0.6, 0.8])
+    )
     for kwargs in ({"lr": 0}, {"betas": (1.0, 0.9)}, {"eps": -1}):
         with pytest.raises(ValueError):
             optim.NovoGrad([w], **kwargs)

@@ -36,8 +36,13 @@ def test_device_and_threads(monkeypatch):
 
 def test_local_rank_from_each_launcher(monkeypatch):
     for var in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "HOROVOD_LOCAL_RANK"):
-        for other in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                      "HOROVOD_LOCAL_RANK", "SLURM_LOCALID"):
+        for other in (
+            "LOCAL_RANK",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+            "MPI_LOCALRANKID",
+            "HOROVOD_LOCAL_RANK",
+            "SLURM_LOCALID",
+        ):
             monkeypatch.delenv(other, raising=False)
         monkeypatch.setenv(var, "3")
         assert profile.local_rank() == 3

@@ -28,12 +28,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
-README_GLOBS = ("README.md", "labs/*/README.md", "labs/*/*/README.md", "assessment/README.md",
-                "assessment/INSTRUCTORS.md", "benchmarks/README.md")
+README_GLOBS = (
+    "README.md",
+    "labs/*/README.md",
+    "labs/*/*/README.md",
+    "assessment/README.md",
+    "assessment/INSTRUCTORS.md",
+    "benchmarks/README.md",
+)
 SHELL_FENCES = {"", "bash", "sh", "shell", "console"}
 # A table cell that is one code span starting with one of these is a command to run.
-PROGRAMS = {"python", "python3", "torchrun", "mpirun", "horovodrun", "lab-grade", "lab-train",
-            "make", "bash", "jupyter", "pip", "docker", "conda", "sbatch", "srun", "pytest"}
+PROGRAMS = {
+    "python",
+    "python3",
+    "torchrun",
+    "mpirun",
+    "horovodrun",
+    "lab-grade",
+    "lab-train",
+    "make",
+    "bash",
+    "jupyter",
+    "pip",
+    "docker",
+    "conda",
+    "sbatch",
+    "srun",
+    "pytest",
+}
 TIMEOUT_S = 240
 ERROR_LINE = re.compile(r"Error|error:|can't open file|No such file|not found", re.IGNORECASE)
 HAS_MPI = shutil.which("mpirun") is not None
@@ -47,18 +69,26 @@ MACHINES = "needs several machines (node1, node2, $HEAD)"
 SPARK = "needs a Spark installation ($SPARK_HOME) or a Spark master URL on other machines"
 SCIENCE = "trains the science claims on the cpu profile (minutes); tests/test_lab1.py and test_lab3.py assert them"
 STUDENT_SCRIPT = "grades the student's own script (my_train.py), which a checkout does not hold"
-GRADE_STARTER = ("grades the serial starter on the real cpu-2proc target (about 2 minutes of both "
-                 "cores); tests/test_grader.py grades it there too")
+GRADE_STARTER = (
+    "grades the serial starter on the real cpu-2proc target (about 2 minutes of both "
+    "cores); tests/test_grader.py grades it there too"
+)
 BATCH = "grades an instructor's folder of submissions; tests/test_sandbox.py grades a class"
 GPU_TARGET = "calibrates the 4-GPU target: needs 4 GPUs and several reference runs"
-GIT = ("works on the student's own clone and the course's remote; tests/test_setup_files.py "
-       "pulls with it in a clone it makes")
+GIT = (
+    "works on the student's own clone and the course's remote; tests/test_setup_files.py "
+    "pulls with it in a clone it makes"
+)
 BENCH = "times the labs for minutes by design; tests/test_benchmarks.py runs `--quick` end to end"
 SLURM_CLUSTER = "submits to a Slurm cluster of 2 nodes x 4 GPUs (the sbatch file's default form)"
-SLURM_RUN_THERE = ("submits to a Slurm cluster; tests/test_slurm.py runs this very command on the "
-                   "one-node cluster it starts (and checks the README still gives it)")
-SLURM_CLASS = ("grades an instructor's folder of submissions on their Slurm cluster; "
-               "tests/test_grader_slurm.py grades a class on the one-node test cluster")
+SLURM_RUN_THERE = (
+    "submits to a Slurm cluster; tests/test_slurm.py runs this very command on the "
+    "one-node cluster it starts (and checks the README still gives it)"
+)
+SLURM_CLASS = (
+    "grades an instructor's folder of submissions on their Slurm cluster; "
+    "tests/test_grader_slurm.py grades a class on the one-node test cluster"
+)
 
 # Commands that do not run here: the command (as shlex reads it, comments dropped) -> why.
 NOT_RUN = {
@@ -106,18 +136,14 @@ NOT_RUN = {
     "--rdzv-id lab4 scripts/hybrid.py --tp 2": MACHINES,
     # The assessment
     "lab-grade my_train.py": STUDENT_SCRIPT,
-    "lab-grade my_train.py --target cpu-2proc --launcher mpirun --nprocs 2 --json report.json":
-        STUDENT_SCRIPT,
+    "lab-grade my_train.py --target cpu-2proc --launcher mpirun --nprocs 2 --json report.json": STUDENT_SCRIPT,
     "python -m assessment.grade my_train.py --target cpu-cifar-standin": STUDENT_SCRIPT,
     "lab-grade assessment/starter.py --target cpu-2proc": GRADE_STARTER,
     "lab-grade my_train.py --target cpu-cifar-standin": STUDENT_SCRIPT,
     "lab-grade batch submissions/ --target cpu-2proc --out grades/": BATCH,
-    "lab-grade batch submissions/ --target gpu-4 --slurm --partition gpu --gres gpu:4 --out grades/":
-        SLURM_CLASS,
-    "lab-grade batch submissions/ --target cpu-2proc --slurm --partition cpu --out grades/":
-        SLURM_CLASS,
-    "lab-grade calibrate --target gpu-4 --runs 3 --starter --write assessment/targets/gpu-4.toml":
-        GPU_TARGET,
+    "lab-grade batch submissions/ --target gpu-4 --slurm --partition gpu --gres gpu:4 --out grades/": SLURM_CLASS,
+    "lab-grade batch submissions/ --target cpu-2proc --slurm --partition cpu --out grades/": SLURM_CLASS,
+    "lab-grade calibrate --target gpu-4 --runs 3 --starter --write assessment/targets/gpu-4.toml": GPU_TARGET,
     # Lab 6, notebooks 1–3
     "LABS_PROFILE=quick LABS_SOLUTIONS=1 .venv/bin/pytest --nbval-lax --nbval-current-env "
     "labs/lab6_efficiency/01_flops_mfu_roofline.ipynb labs/lab6_efficiency/02_mixed_precision.ipynb "
@@ -147,8 +173,9 @@ PLACEHOLDERS = {"my_train.py"}
 OUTPUT_OPTIONS = {"--checkpoint", "--json", "--out", "--write", "--store"}
 INPUT_SUFFIXES = (".py", ".ipynb", ".sh", ".sbatch", ".yml")
 TOP_LEVEL = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")}
-PHRASE_ROOT = re.compile(r"from the (repository|repository's) root|from the root of the repository",
-                         re.IGNORECASE)
+PHRASE_ROOT = re.compile(
+    r"from the (repository|repository's) root|from the root of the repository", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
@@ -255,21 +282,42 @@ LISTED = [c for c in COMMANDS if c.key in NOT_RUN]
 def checkout(tmp_path_factory) -> Path:
     """A copy of the working tree (its .venv linked): commands write their files there."""
     copy = tmp_path_factory.mktemp("checkout") / "repo"
-    skip = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints",
-            "runs", "build", "dist", "results"}
-    shutil.copytree(ROOT, copy, ignore=lambda _d, names: [
-        n for n in names if n in skip or n.endswith(".egg-info")])
+    skip = {
+        ".venv",
+        ".git",
+        "__pycache__",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".ipynb_checkpoints",
+        "runs",
+        "build",
+        "dist",
+        "results",
+    }
+    shutil.copytree(
+        ROOT,
+        copy,
+        ignore=lambda _d, names: [n for n in names if n in skip or n.endswith(".egg-info")],
+    )
     (copy / ".venv").symlink_to(ROOT / ".venv")
     return copy
 
 
 def command_env() -> dict[str, str]:
     """What `make test` gives its tests, with the quick profile and the venv's python first."""
-    env = dict(os.environ, LABS_PROFILE="quick", VIRTUAL_ENV=str(ROOT / ".venv"),
-               PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    for name, value in {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-                        "OMPI_MCA_rmaps_base_oversubscribe": "1", "GLOO_SOCKET_IFNAME": "lo",
-                        "OMP_NUM_THREADS": "1"}.items():
+    env = dict(
+        os.environ,
+        LABS_PROFILE="quick",
+        VIRTUAL_ENV=str(ROOT / ".venv"),
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
+    for name, value in {
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_rmaps_base_oversubscribe": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+    }.items():
         env.setdefault(name, value)
     return env
 
@@ -277,10 +325,16 @@ def command_env() -> dict[str, str]:
 def run_command(text: str, cwd: Path, timeout_s: float = TIMEOUT_S) -> tuple[int | None, str]:
     """Run ``text`` with bash in ``cwd`` under the reaper (nothing outlives it): its exit
     status (None when it ran past ``timeout_s``) and its output."""
-    proc = subprocess.Popen([sys.executable, "-m", "lab_utils.reaper", "--", "bash", "-c", text],
-                            cwd=cwd, env=command_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lab_utils.reaper", "--", "bash", "-c", text],
+        cwd=cwd,
+        env=command_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout_s)
         return proc.returncode, output
@@ -315,8 +369,9 @@ def needs(command: Command) -> list[pytest.MarkDecorator]:
 
 @pytest.mark.slow
 @pytest.mark.launcher
-@pytest.mark.parametrize("command", [pytest.param(c, id=f"{c.readme}:{c.line}:{c.key}",
-                                                  marks=needs(c)) for c in TO_RUN])
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, id=f"{c.readme}:{c.line}:{c.key}", marks=needs(c)) for c in TO_RUN]
+)
 def test_readme_command_runs(command: Command, checkout: Path) -> None:
     status, output = run_command(command.text, checkout / command.folder)
     tail = what_went_wrong(output)
@@ -337,8 +392,11 @@ def missing_paths(command: Command, root: Path = ROOT) -> list[str]:
         makefile = cwd / "Makefile"
         targets = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
         text = makefile.read_text() if makefile.exists() else ""
-        missing += [f"make target {t!r} (no Makefile here)" if not text else f"make target {t!r}"
-                    for t in targets if not re.search(rf"^{re.escape(t)}:", text, re.MULTILINE)]
+        missing += [
+            f"make target {t!r} (no Makefile here)" if not text else f"make target {t!r}"
+            for t in targets
+            if not re.search(rf"^{re.escape(t)}:", text, re.MULTILINE)
+        ]
     for before, word in zip(["", *words], words):
         if word in PLACEHOLDERS or "$" in word or ":" in word:
             continue
@@ -351,8 +409,11 @@ def missing_paths(command: Command, root: Path = ROOT) -> list[str]:
             if not module_found(word, cwd):
                 missing.append(f"module {word}")
             continue
-        is_path = (word.endswith(INPUT_SUFFIXES) or word.startswith(".venv/")
-                   or ("/" in word and word.split("/")[0] in TOP_LEVEL))
+        is_path = (
+            word.endswith(INPUT_SUFFIXES)
+            or word.startswith(".venv/")
+            or ("/" in word and word.split("/")[0] in TOP_LEVEL)
+        )
         if is_path and not word.startswith("/") and not (cwd / word).exists():
             missing.append(word)
     return missing
@@ -361,17 +422,24 @@ def missing_paths(command: Command, root: Path = ROOT) -> list[str]:
 def module_found(module: str, cwd: Path) -> bool:
     """Whether ``python -m module`` finds it from ``cwd`` (it puts ``cwd`` on its path)."""
     probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
-    return subprocess.run([str(VENV_BIN / "python"), "-c", probe], cwd=cwd,
-                          env=command_env(), capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            [str(VENV_BIN / "python"), "-c", probe], cwd=cwd, env=command_env(), capture_output=True
+        ).returncode
+        == 0
+    )
 
 
-@pytest.mark.parametrize("command", [pytest.param(c, id=f"{c.readme}:{c.line}:{c.key}")
-                                     for c in LISTED])
+@pytest.mark.parametrize(
+    "command", [pytest.param(c, id=f"{c.readme}:{c.line}:{c.key}") for c in LISTED]
+)
 def test_listed_command_names_what_exists(command: Command) -> None:
     """A command that cannot run here is still checked for the files it names."""
     missing = missing_paths(command)
-    assert not missing, (f"{command}\nnot run here ({NOT_RUN[command.key]}), and from "
-                         f"{command.folder or '.'}/ it names what does not exist: {missing}")
+    assert not missing, (
+        f"{command}\nnot run here ({NOT_RUN[command.key]}), and from "
+        f"{command.folder or '.'}/ it names what does not exist: {missing}"
+    )
 
 
 def test_every_listed_command_is_in_a_readme() -> None:
@@ -381,8 +449,11 @@ def test_every_listed_command_is_in_a_readme() -> None:
 
 # --------------------------------------------------------------------------- the reader
 def test_the_readmes_hold_commands_to_run() -> None:
-    assert {c.readme for c in TO_RUN} >= {"README.md", "labs/lab2_data_parallel/README.md",
-                                          "labs/lab4_model_parallel/README.md"}
+    assert {c.readme for c in TO_RUN} >= {
+        "README.md",
+        "labs/lab2_data_parallel/README.md",
+        "labs/lab4_model_parallel/README.md",
+    }
 
 
 def test_blocks_tables_and_where_to_stand_are_read(tmp_path: Path) -> None:
@@ -394,7 +465,8 @@ def test_blocks_tables_and_where_to_stand_are_read(tmp_path: Path) -> None:
         "## Scripts\n\n| script | launch |\n| --- | --- |\n"
         "| `a.py` | `torchrun --nproc-per-node 2 a.py --mode sync\\|async` |\n"
         "| `b.py` | runs under `horovodrun --gloo` |\n\n"
-        "```text\nlab9/  not a command\n```\n\n```console\n$ make lab9\n```\n")
+        "```text\nlab9/  not a command\n```\n\n```console\n$ make lab9\n```\n"
+    )
     found = readme_commands(lab / "README.md", tmp_path)
     assert [(c.text, c.folder) for c in found] == [
         ("python -m lab9 --a 1 --b 2   # two options", ""),
@@ -413,8 +485,12 @@ def test_a_script_named_from_the_wrong_folder_fails(checkout: Path) -> None:
 
 
 def test_a_listed_command_naming_a_missing_file_fails() -> None:
-    wrong = Command("labs/lab1_optimisation/README.md", 1, ".venv/bin/pytest tests/test_lab1.py",
-                    "labs/lab1_optimisation")
+    wrong = Command(
+        "labs/lab1_optimisation/README.md",
+        1,
+        ".venv/bin/pytest tests/test_lab1.py",
+        "labs/lab1_optimisation",
+    )
     assert missing_paths(wrong) == [".venv/bin/pytest", "tests/test_lab1.py"]
     assert missing_paths(Command("benchmarks/README.md", 1, "make bench", "benchmarks"))
     assert missing_paths(Command("README.md", 1, "make bench", "")) == []

@@ -18,8 +18,9 @@ def test_reaper_kills_orphans_and_keeps_the_exit_status():
     marker = "reaper-orphan-5b1c"
     code = ORPHAN_MAKER.format(marker=marker)
     start = time.perf_counter()
-    rc = subprocess.call([sys.executable, "-m", "lab_utils.reaper", "--", sys.executable, "-c",
-                          code], timeout=60)
+    rc = subprocess.call(
+        [sys.executable, "-m", "lab_utils.reaper", "--", sys.executable, "-c", code], timeout=60
+    )
     assert rc == 3
     assert time.perf_counter() - start < 30
     assert processes_matching(marker) == []
@@ -27,8 +28,19 @@ def test_reaper_kills_orphans_and_keeps_the_exit_status():
 
 def test_reaper_stops_the_tree_on_sigterm():
     marker = "reaper-sigterm-9a2f"
-    proc = subprocess.Popen([sys.executable, "-m", "lab_utils.reaper", "--", sys.executable,
-                             "-c", "import time; time.sleep(120)", marker])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "lab_utils.reaper",
+            "--",
+            sys.executable,
+            "-c",
+            "import time; time.sleep(120)",
+            marker,
+        ]
+    )
+
     def job():  # the sleeper itself, not the reaper whose command line also names it
         return [p for p in processes_matching(marker) if "lab_utils.reaper" not in p.cmdline()]
 
@@ -42,5 +54,6 @@ def test_reaper_stops_the_tree_on_sigterm():
 
 
 def test_reaper_usage_error():
-    assert subprocess.call([sys.executable, "-m", "lab_utils.reaper"],
-                           stderr=subprocess.DEVNULL) == 2
+    assert (
+        subprocess.call([sys.executable, "-m", "lab_utils.reaper"], stderr=subprocess.DEVNULL) == 2
+    )

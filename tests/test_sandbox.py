@@ -31,8 +31,6 @@ SUBMISSIONS = REPO / "tests" / "submissions"
 TARGET = SUBMISSIONS / "sandbox.toml"
 
 
-
-
 def _checkout() -> dict[str, str]:
     """Hashes of the course code, the targets, the fixtures and the dataset files."""
     files = integrity.code_files(REPO) + sorted(SUBMISSIONS.iterdir())
@@ -46,9 +44,21 @@ def _git_status() -> str | None:
     is not a git checkout; other folders may change under tests running beside)."""
     if shutil.which("git") is None:
         return None
-    done = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--",
-                           "lab_utils", "assessment", "tests/submissions"],
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "git",
+            "status",
+            "--porcelain",
+            "--untracked-files=all",
+            "--",
+            "lab_utils",
+            "assessment",
+            "tests/submissions",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     return done.stdout if done.returncode == 0 else None
 
 
@@ -88,15 +98,16 @@ EXIT = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
 @pytest.mark.launcher
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # 16 jobs: about 2 minutes on 2 idle cores, far more when shared
-def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     capsys: pytest.CaptureFixture) -> None:
+def test_a_class_of_good_bad_and_hostile_submissions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     sandbox_or_skip()
     folder = tmp_path / "class"
     folder.mkdir()
     for student in CLASS:
-        src = {"tamper_then_innocent": "good_linear.py",
-               "syntax_error": "syntax_error.py.txt"}.get(student, f"{student}.py")
+        src = {"tamper_then_innocent": "good_linear.py", "syntax_error": "syntax_error.py.txt"}.get(
+            student, f"{student}.py"
+        )
         shutil.copyfile(SUBMISSIONS / src, folder / f"{student}.py")
     # A trained checkpoint elsewhere on the machine, named in the job's environment.
     stolen = tmp_path / "stolen" / "checkpoint.pt"
@@ -129,10 +140,16 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     text = {s: "\n".join(rep["output_tail"]) for s, rep in reports.items()}
     assert "refused" in text["tamper"] and "TAMPERED" not in text["tamper"]
     assert "WROTE" not in text["dataset_cache"] and "refused" in text["dataset_cache"]
-    assert "no test split visible" in text["peek_test_split"] and "FOUND" not in text["peek_test_split"]
+    assert (
+        "no test split visible" in text["peek_test_split"]
+        and "FOUND" not in text["peek_test_split"]
+    )
     # (an obfuscated search: the source check has nothing to warn about, the sandbox holds)
     assert not any("mentions the test split" in w for w in reports["peek_test_split"]["warnings"])
-    assert "no checkpoint to copy" in text["copy_checkpoint"] and "COPIED" not in text["copy_checkpoint"]
+    assert (
+        "no checkpoint to copy" in text["copy_checkpoint"]
+        and "COPIED" not in text["copy_checkpoint"]
+    )
     assert "CONNECTED" not in text["network"] and "no network to 1.1.1.1:80" in text["network"]
     assert "INTERFACES ['lo']" in text["network"]  # its own network namespace: loopback only
     assert "fork refused" in text["many_children"]
@@ -147,8 +164,9 @@ def test_a_class_of_good_bad_and_hostile_submissions(tmp_path: Path,
     lone = [w for w in reports["lone_rank"]["warnings"] if w.startswith("rank 1 did not train")]
     assert lone, reports["lone_rank"]["warnings"]
     assert "rank 1 sent 0.00 MB and received 0.00 MB" in reports["lone_rank"]["message"]
-    assert not any("did not train" in w or "not data-parallel" in w
-                   for w in reports["good_linear"]["warnings"])
+    assert not any(
+        "did not train" in w or "not data-parallel" in w for w in reports["good_linear"]["warnings"]
+    )
     assert all(r["sent_mb"] > 0 for r in reports["good_linear"]["ranks"])
     assert [r["rank"] for r in reports["good_linear"]["ranks"]] == [0, 1]
 
@@ -179,8 +197,9 @@ def test_a_job_ignoring_sigterm_is_killed_at_the_deadline() -> None:
 
 
 @pytest.mark.launcher
-def test_without_a_sandbox_the_hashes_catch_a_change(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_sandbox_the_hashes_catch_a_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The second wall: graded unsafely, a submission changes a file the verdict
     depends on (here a stand-in added to the guarded files): judged ``tampered``."""
     guarded = tmp_path / "guarded.py"
@@ -188,20 +207,23 @@ def test_without_a_sandbox_the_hashes_catch_a_change(tmp_path: Path,
     monkeypatch.setenv("FIXTURE_TAMPER_FILE", str(guarded))
     real = grade._guarded_files
     monkeypatch.setattr(grade, "_guarded_files", lambda *a: [*real(*a), guarded])
-    r = grade.grade(SUBMISSIONS / "tamper.py", targets.load(SUBMISSIONS / "roomy.toml"),
-                    unsafe=True)
+    r = grade.grade(
+        SUBMISSIONS / "tamper.py", targets.load(SUBMISSIONS / "roomy.toml"), unsafe=True
+    )
     assert (r.reason, r.exit_code, r.accuracy) == ("tampered", 2, None), r.text()
     assert str(guarded) in r.message and "tampered" in guarded.read_text()
     assert r.text().startswith("UNSAFE: graded without a sandbox")
     # The control: the same submission, when the file is left alone, is judged normally.
     monkeypatch.setattr(grade, "_guarded_files", real)
-    r = grade.grade(SUBMISSIONS / "fake_accuracy.py", targets.load(SUBMISSIONS / "roomy.toml"),
-                    unsafe=True)
+    r = grade.grade(
+        SUBMISSIONS / "fake_accuracy.py", targets.load(SUBMISSIONS / "roomy.toml"), unsafe=True
+    )
     assert r.reason == "low_accuracy", r.text()
 
 
-def test_no_sandbox_means_no_run_unless_unsafe(tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_sandbox_means_no_run_unless_unsafe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(jail, "bwrap", lambda: None)
     marker = tmp_path / "ran"
     script = tmp_path / "s.py"
@@ -232,17 +254,24 @@ def test_the_sandbox_sees_only_the_training_split(tmp_path: Path) -> None:
     assert Path(again.source) != folder.resolve() and len(again.x_test) == len(full.x_test)
 
 
-def test_the_sandbox_command_confines_the_job(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sandbox_command_confines_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if jail.bwrap() is None:
         pytest.skip("bubblewrap is not installed")
     monkeypatch.setattr(jail, "gpu_devices", lambda: ["/dev/nvidia0", "/dev/nvidiactl"])
-    cmd = jail.command(["python", "x.py"], workdir=tmp_path, data_dir=None, repo=REPO,
-                       gpu=True)
+    cmd = jail.command(["python", "x.py"], workdir=tmp_path, data_dir=None, repo=REPO, gpu=True)
     text = " ".join(cmd)
-    for flag in ("--unshare-pid", "--unshare-net", "--die-with-parent", "--cap-drop ALL",
-                 "--dev-bind /dev/nvidia0 /dev/nvidia0", "--dev-bind /dev/nvidiactl",
-                 f"--bind {tmp_path} {tmp_path}", "--tmpfs /tmp"):
+    for flag in (
+        "--unshare-pid",
+        "--unshare-net",
+        "--die-with-parent",
+        "--cap-drop ALL",
+        "--dev-bind /dev/nvidia0 /dev/nvidia0",
+        "--dev-bind /dev/nvidiactl",
+        f"--bind {tmp_path} {tmp_path}",
+        "--tmpfs /tmp",
+    ):
         assert flag in text
     assert f"--ro-bind {REPO / 'lab_utils'}" in text and f"--ro-bind {REPO} " not in text
     cpu = " ".join(jail.command(["python"], workdir=tmp_path, data_dir=None, repo=REPO))
@@ -254,18 +283,28 @@ def test_inside_the_sandbox_writes_outside_the_workdir_fail(tmp_path: Path) -> N
     sandbox_or_skip()
     work = tmp_path / "work"
     work.mkdir()
-    probe = ("import pathlib, sys\n"
-             "for p in sys.argv[1:]:\n"
-             "    try:\n"
-             "        pathlib.Path(p).write_text('x'); print('WROTE', p)\n"
-             "    except OSError as e:\n"
-             "        print('refused', p, e.strerror)\n")
+    probe = (
+        "import pathlib, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        pathlib.Path(p).write_text('x'); print('WROTE', p)\n"
+        "    except OSError as e:\n"
+        "        print('refused', p, e.strerror)\n"
+    )
     inside = work / "ok.txt"
-    outside = [REPO / "lab_utils" / "probe.txt", REPO / "probe.txt",
-               Path(sys.prefix) / "probe.txt", Path("/etc/probe.txt")]
+    outside = [
+        REPO / "lab_utils" / "probe.txt",
+        REPO / "probe.txt",
+        Path(sys.prefix) / "probe.txt",
+        Path("/etc/probe.txt"),
+    ]
     private = tmp_path / "probe.txt"  # in the job's own /tmp: allowed, never seen here
-    cmd = jail.command([sys.executable, "-c", probe, str(inside), str(private),
-                        *map(str, outside)], workdir=work, data_dir=None, repo=REPO)
+    cmd = jail.command(
+        [sys.executable, "-c", probe, str(inside), str(private), *map(str, outside)],
+        workdir=work,
+        data_dir=None,
+        repo=REPO,
+    )
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert f"WROTE {inside}" in done.stdout and inside.read_text() == "x"

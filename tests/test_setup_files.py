@@ -271,8 +271,9 @@ UPDATE = "git pull --autostash"  # the README's command to take the course's upd
 def filter_output(text: str, cwd: Path = ROOT) -> str:
     """What the clean filter setup.sh registers makes of ``text``, run as git runs it."""
     command = shell_variable(SETUP_SH, "NOTEBOOK_FILTER")
-    return subprocess.run(command, shell=True, cwd=cwd, input=text, capture_output=True,
-                          text=True, check=True).stdout
+    return subprocess.run(
+        command, shell=True, cwd=cwd, input=text, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def as_jupyterlab_saves_it_after_a_run(text: str) -> str:
@@ -281,8 +282,13 @@ def as_jupyterlab_saves_it_after_a_run(text: str) -> str:
 
     nb = nbformat.reads(text, as_version=4)
     nb.metadata.kernelspec.display_name = "Python 3 (ipykernel)"
-    nb.metadata.language_info = {"name": "python", "version": "3.11.2", "mimetype": "text/x-python",
-                                 "pygments_lexer": "ipython3", "file_extension": ".py"}
+    nb.metadata.language_info = {
+        "name": "python",
+        "version": "3.11.2",
+        "mimetype": "text/x-python",
+        "pygments_lexer": "ipython3",
+        "file_extension": ".py",
+    }
     nb.metadata.widgets = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     for count, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):
         cell.execution_count = count + 1
@@ -318,21 +324,26 @@ def test_clean_filter_writes_what_nbformat_and_jupyterlab_write() -> None:
             assert stored == nbformat.writes(nbformat.reads(stored, as_version=4)) + "\n", path
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "labs").glob("*/*.ipynb")),
-                         ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "labs").glob("*/*.ipynb")), ids=lambda p: p.relative_to(ROOT).as_posix()
+)
 def test_notebooks_are_stored_as_the_filter_writes_them(path: Path) -> None:
     """Else a notebook a student only opened and ran differs from the stored one to git.
     A notebook committed through the filter is; `git add --renormalize labs` fixes others."""
     text = path.read_text()
     assert filter_output(text) == text, (
         f"{path.name} is not stored as the clean filter writes it: `make setup`, then "
-        f"`git add --renormalize {path.relative_to(ROOT)}`")
+        f"`git add --renormalize {path.relative_to(ROOT)}`"
+    )
 
 
-@pytest.mark.parametrize("text", [
-    '<<<<<<< HEAD\n{"cells": []}\n=======\n{"cells": [1]}\n>>>>>>> main\n',
-    '{"not": "a notebook"}\n',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<<<<<<< HEAD\n{"cells": []}\n=======\n{"cells": [1]}\n>>>>>>> main\n',
+        '{"not": "a notebook"}\n',
+    ],
+)
 def test_clean_filter_passes_what_is_not_a_notebook_through(text: str) -> None:
     assert filter_output(text) == text
 
@@ -345,7 +356,8 @@ def test_setup_registers_the_notebook_filter() -> None:
         pytest.skip("not a git checkout of its own (setup configures git only there)")
     configured = git(ROOT, "config", "--get", "filter.labs-notebook.clean").stdout.strip()
     assert configured == shell_variable(SETUP_SH, "NOTEBOOK_FILTER"), (
-        "run `make setup`: it registers the notebooks' clean filter in .git/config")
+        "run `make setup`: it registers the notebooks' clean filter in .git/config"
+    )
 
 
 def test_a_run_notebook_does_not_stop_git_pull(tmp_path: Path) -> None:
@@ -357,11 +369,17 @@ def test_a_run_notebook_does_not_stop_git_pull(tmp_path: Path) -> None:
     shutil.copy(GITATTRIBUTES, upstream / ".gitattributes")
     shutil.copy(CLEAN_NOTEBOOK, upstream / "scripts" / CLEAN_NOTEBOOK.name)
     (upstream / "lab.ipynb").write_text(filter_output(A_NOTEBOOK.read_text()))
-    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "course"],
-                 ["clone", "-q", str(upstream), str(student)]):
+    for args in (
+        ["init", "-q", "-b", "main"],
+        ["add", "."],
+        ["commit", "-qm", "course"],
+        ["clone", "-q", str(upstream), str(student)],
+    ):
         assert git(upstream, *args).returncode == 0
     (student / ".venv").symlink_to(ROOT / ".venv")
-    git(student, "config", "filter.labs-notebook.clean", shell_variable(SETUP_SH, "NOTEBOOK_FILTER"))
+    git(
+        student, "config", "filter.labs-notebook.clean", shell_variable(SETUP_SH, "NOTEBOOK_FILTER")
+    )
     notebook = student / "lab.ipynb"
 
     def course_changes(old: str, new: str) -> str:

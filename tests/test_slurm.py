@@ -33,15 +33,17 @@ LAB4 = REPO / "labs" / "lab4_model_parallel"
 # without --wait), and Lab 4's hybrid.py the same way on 2 tasks.
 README_JOBS = {
     "ddp_torchrun": "PROCS_PER_NODE=2 LABS_PROFILE=quick sbatch --wait --nodes=1 --gpus-per-node=0 "
-                    "--cpus-per-task=2 slurm/train_ddp.sbatch",
+    "--cpus-per-task=2 slurm/train_ddp.sbatch",
     "ddp_tasks": "LABS_PROFILE=quick sbatch --wait --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
-                 "--cpus-per-task=1 slurm/train_ddp_tasks.sbatch",
+    "--cpus-per-task=1 slurm/train_ddp_tasks.sbatch",
     "horovod": "LABS_PROFILE=quick sbatch --wait --nodes=1 --ntasks-per-node=2 --gpus-per-node=0 "
-               "--cpus-per-task=1 slurm/train_horovod.sbatch",
+    "--cpus-per-task=1 slurm/train_horovod.sbatch",
 }
-HYBRID = ("TP=2 HYBRID_ARGS='--d-model 32 --heads 4 --layers 2 --seq-len 16 --batch-size 8 "
-          "--steps 2 --n-chars 20000' LABS_PROFILE=quick sbatch --wait --nodes=1 "
-          "--ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 slurm/hybrid.sbatch")
+HYBRID = (
+    "TP=2 HYBRID_ARGS='--d-model 32 --heads 4 --layers 2 --seq-len 16 --batch-size 8 "
+    "--steps 2 --n-chars 20000' LABS_PROFILE=quick sbatch --wait --nodes=1 "
+    "--ntasks-per-node=2 --gpus-per-node=0 --cpus-per-task=1 slurm/hybrid.sbatch"
+)
 JOBS = {**{k: (LAB2, v) for k, v in README_JOBS.items()}, "hybrid": (LAB4, HYBRID)}
 CHANCE = 0.1  # ten classes
 
@@ -49,8 +51,9 @@ CHANCE = 0.1  # ten classes
 def job_env(cluster: slurm_cluster.Cluster, runs: Path, extra: dict[str, str]) -> dict[str, str]:
     """What a student's shell would hold: the venv on PATH; runs outside the checkout."""
     env = cluster.env()
-    env.update(extra, LABS_RUNS=str(runs),
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    env.update(
+        extra, LABS_RUNS=str(runs), PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    )
     return env
 
 
@@ -88,16 +91,25 @@ def jobs(slurm, tmp_path_factory) -> dict[str, dict]:
     ids = {}
     for name, (folder, command) in JOBS.items():
         extra, args = split(command)
-        done = subprocess.run(["sbatch", "--parsable", f"--output={tmp}/{name}-%j.out", *args],
-                              cwd=folder, capture_output=True, text=True,
-                              env=job_env(slurm, tmp / "runs", extra), timeout=60)
+        done = subprocess.run(
+            ["sbatch", "--parsable", f"--output={tmp}/{name}-%j.out", *args],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            env=job_env(slurm, tmp / "runs", extra),
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         ids[name] = done.stdout.strip()
     wait_for(slurm, list(ids.values()), timeout=600)
-    return {name: {"state": job_field(slurm, job, "JobState"),
-                   "run_time": job_field(slurm, job, "RunTime"),
-                   "output": (tmp / f"{name}-{job}.out").read_text()}
-            for name, job in ids.items()}
+    return {
+        name: {
+            "state": job_field(slurm, job, "JobState"),
+            "run_time": job_field(slurm, job, "RunTime"),
+            "output": (tmp / f"{name}-{job}.out").read_text(),
+        }
+        for name, job in ids.items()
+    }
 
 
 def summary(output: str) -> dict:
@@ -193,7 +205,7 @@ CHILD = textwrap.dedent("""
 
 def leftovers(folder: str) -> list[psutil.Process]:
     """Processes of that cluster still alive: its daemons, step daemons and the job."""
-    found = slurm_cluster._tagged(folder)  # noqa: SLF001
+    found = slurm_cluster._tagged(folder)
     for p in psutil.process_iter(["cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
         if folder in cmd or "sleep 3171" in cmd:
@@ -203,8 +215,13 @@ def leftovers(folder: str) -> list[psutil.Process]:
 
 @pytest.mark.parametrize("how", ["error", "interrupt"])
 def test_a_cluster_left_by_an_error_or_ctrl_c_leaves_nothing(slurm, how: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, how], cwd=REPO, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, how],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     folder = proc.stdout.readline().strip()
     assert folder and proc.stdout.readline().strip() == "READY", proc.stderr.read()
     assert any("sleep 3171" in " ".join(p.cmdline()) for p in leftovers(folder))
@@ -223,11 +240,23 @@ def test_slurm_ranks_without_ntasks_per_node() -> None:
     would put rank 0 on 127.0.0.1 and Gloo on the loopback)."""
     from lab_utils import dist
 
-    step = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-            "SLURM_STEP_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}
+    step = {
+        "SLURM_PROCID": "5",
+        "SLURM_NTASKS": "8",
+        "SLURM_LOCALID": "1",
+        "SLURM_NODEID": "1",
+        "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
+        "SLURM_JOB_ID": "42",
+        "SLURM_STEP_ID": "0",
+    }
     le = dist.detect({**step, "MASTER_ADDR": "node1"})
-    assert (le.launcher, le.rank, le.world_size, le.local_rank, le.local_world_size) == \
-        ("slurm", 5, 8, 1, 4)
+    assert (le.launcher, le.rank, le.world_size, le.local_rank, le.local_world_size) == (
+        "slurm",
+        5,
+        8,
+        1,
+        4,
+    )
     with pytest.raises(RuntimeError, match="MASTER_ADDR is not set"):
         dist.set_torch_env_from_launcher(dict(step))
     uneven = dist.detect({**step, "SLURM_STEP_TASKS_PER_NODE": "5,3", "MASTER_ADDR": "node1"})

@@ -61,8 +61,10 @@ def marked(marker: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and \
-                    p.environ().get("LABS_SPARK_TEST") == marker:
+            if (
+                p.info["status"] != psutil.STATUS_ZOMBIE
+                and p.environ().get("LABS_SPARK_TEST") == marker
+            ):
                 found.append(p)
         except psutil.Error:
             continue
@@ -96,8 +98,15 @@ def test_marker_finds_processes():
 
 def test_script_trains_on_two_executors(tmp_path):
     marker = secrets.token_hex(8)
-    job = launch.run(SCRIPT, SMALL, nprocs=1, launcher="python", timeout=600,
-                     env={"LABS_SPARK_TEST": marker}, cwd=SCRIPTS.parent)
+    job = launch.run(
+        SCRIPT,
+        SMALL,
+        nprocs=1,
+        launcher="python",
+        timeout=600,
+        env={"LABS_SPARK_TEST": marker},
+        cwd=SCRIPTS.parent,
+    )
     job.check()
     s = job.metrics[-1]
     assert s["script"] == "horovod_spark" and s["world_size"] == 2
@@ -117,7 +126,8 @@ def test_failing_training_function_ends_the_job(tmp_path):
     """A training function that raises fails the Spark job; its error reaches the
     driver's output, and no JVM or Python worker is left."""
     driver = tmp_path / "broken_driver.py"
-    driver.write_text(textwrap.dedent(f"""
+    driver.write_text(
+        textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(SCRIPTS)!r})
         import train_horovod_spark as t
@@ -129,10 +139,18 @@ def test_failing_training_function_ends_the_job(tmp_path):
 
         t.train_fn = broken
         t.main(sys.argv[1:])
-    """))
+    """)
+    )
     marker = secrets.token_hex(8)
-    job = launch.run(driver, [*SMALL, "--timeout", "120"], nprocs=1, launcher="python",
-                     timeout=600, env={"LABS_SPARK_TEST": marker}, cwd=tmp_path)
+    job = launch.run(
+        driver,
+        [*SMALL, "--timeout", "120"],
+        nprocs=1,
+        launcher="python",
+        timeout=600,
+        env={"LABS_SPARK_TEST": marker},
+        cwd=tmp_path,
+    )
     assert not job.ok
     assert "broke on purpose" in job.output, job.output[-3000:]
     assert wait_none_left(marker) == []
@@ -143,8 +161,13 @@ def test_interrupt_stops_the_cluster(tmp_path):
     JVM itself (no supervisor in between)."""
     marker = secrets.token_hex(8)
     env = dict(os.environ, LABS_SPARK_TEST=marker, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), *SMALL], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), *SMALL],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 300
         while not any("CoarseGrainedExecutorBackend" in command_line(p) for p in marked(marker)):
@@ -167,4 +190,3 @@ def test_local_cluster_bad_input():
 
     with pytest.raises(ValueError, match="workers"), spark_cluster.local_cluster(workers=0):
         pass
-

@@ -24,7 +24,7 @@ class ShuffledBatches:
         g = torch.Generator().manual_seed(self.seed * 1000 + self.epoch)
         order = torch.randperm(len(self.x), generator=g)
         for i in range(0, len(order), self.batch_size):
-            idx = order[i:i + self.batch_size]
+            idx = order[i : i + self.batch_size]
             yield self.x[idx], self.y[idx]
 
 
@@ -92,11 +92,12 @@ def test_gradient_accumulation_equals_the_big_batch(n: int):
     x, y = blobs(n=n)
     big_model, big_opt = make()
     big_opt = torch.optim.SGD(big_model.parameters(), lr=0.1)
-    Trainer(big_model, big_opt, progress=False).fit([(x[i:i + 32], y[i:i + 32])
-                                                      for i in range(0, n, 32)], epochs=1)
+    Trainer(big_model, big_opt, progress=False).fit(
+        [(x[i : i + 32], y[i : i + 32]) for i in range(0, n, 32)], epochs=1
+    )
     acc_model, _ = make()
     acc_opt = torch.optim.SGD(acc_model.parameters(), lr=0.1)
-    micro = [(x[i:i + 8], y[i:i + 8]) for i in range(0, n, 8)]
+    micro = [(x[i : i + 8], y[i : i + 8]) for i in range(0, n, 8)]
     trainer = Trainer(acc_model, acc_opt, progress=False, grad_accum_steps=4)
     trainer.fit(micro, epochs=1)
     assert trainer.step == 4
@@ -173,7 +174,7 @@ def test_progress_bar_total_follows_a_batch_that_grows(monkeypatch):
 
     class Doubling(Callback):
         def on_epoch_start(self, trainer, epoch):
-            loader.batch_size = 16 * 2 ** epoch
+            loader.batch_size = 16 * 2**epoch
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Recorded)
     x, y = blobs(n=128)

@@ -63,51 +63,80 @@ def main() -> None:
     # accuracy is reported on a validation part of the training split.
     ds = data.load(args.dataset).holdout(VALIDATION_SHARE)
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
-    model = models.build(recipe["arch"], in_channels=ds.x_train.shape[1],
-                         num_classes=len(ds.classes), **recipe["kwargs"]).to(device)
+    model = models.build(
+        recipe["arch"],
+        in_channels=ds.x_train.shape[1],
+        num_classes=len(ds.classes),
+        **recipe["kwargs"],
+    ).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     net = DDP(model, device_ids=[local_rank] if cuda else None)
     torch.manual_seed(args.seed + rank)  # a different augmentation stream per rank
 
     train_loader = TensorLoader.from_dataset(
-        ds, "train", per_process, shuffle=True, seed=args.seed, rank=rank,
-        world_size=k, drop_last=True, augment=recipe["augment"], crop_pad=4,
-        device=device, channels_last=cuda)
-    test_loader = TensorLoader.from_dataset(ds, "test", 1000, rank=rank,
-                                            world_size=k, device=device,
-                                            channels_last=cuda)
+        ds,
+        "train",
+        per_process,
+        shuffle=True,
+        seed=args.seed,
+        rank=rank,
+        world_size=k,
+        drop_last=True,
+        augment=recipe["augment"],
+        crop_pad=4,
+        device=device,
+        channels_last=cuda,
+    )
+    test_loader = TensorLoader.from_dataset(
+        ds, "test", 1000, rank=rank, world_size=k, device=device, channels_last=cuda
+    )
 
     batch = per_process * k  # the global batch of one step
     lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], batch, "linear")
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, nesterov=True,
-                                weight_decay=5e-4)
+    optimizer = torch.optim.SGD(
+        net.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4
+    )
     total_steps = epochs * len(train_loader)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
-        total_steps, warmup_steps=max(1, len(train_loader) // 2),
-        warmup_start=recipe["batch_size"] / batch, decay="linear"))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        optim.lr_schedule(
+            total_steps,
+            warmup_steps=max(1, len(train_loader) // 2),
+            warmup_start=recipe["batch_size"] / batch,
+            decay="linear",
+        ),
+    )
     autocast_dtype = torch.bfloat16 if cuda else None
-    dist.print0(f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} "
-                f"epochs, batch {per_process} x {k} processes ({launcher}, "
-                f"{backend}), lr {lr:g}", flush=True)
+    dist.print0(
+        f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} "
+        f"epochs, batch {per_process} x {k} processes ({launcher}, "
+        f"{backend}), lr {lr:g}",
+        flush=True,
+    )
 
     for epoch in range(epochs):
         train_loader.set_epoch(epoch)
         for step, (x, y) in enumerate(train_loader):
-            with torch.autocast(device.type, dtype=autocast_dtype,
-                                enabled=autocast_dtype is not None):
+            with torch.autocast(
+                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
                 loss = F.cross_entropy(net(x), y)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP all-reduces the gradients here, bucket by bucket
             optimizer.step()
             schedule.step()
             if step % 100 == 0:
-                dist.print0(f"epoch {epoch + 1} step {step}/{len(train_loader)} loss "
-                            f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s")
+                dist.print0(
+                    f"epoch {epoch + 1} step {step}/{len(train_loader)} loss "
+                    f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s"
+                )
 
     result = evaluate(model, test_loader, autocast_dtype=autocast_dtype)
-    dist.print0(f"validation accuracy {result['acc']:.2%} on {result['n']} images after "
-                f"{time.perf_counter() - start:.0f}s")
+    dist.print0(
+        f"validation accuracy {result['acc']:.2%} on {result['n']} images after "
+        f"{time.perf_counter() - start:.0f}s"
+    )
     if rank == 0:
         models.save(CHECKPOINT, model)
     tdist.barrier()

@@ -55,54 +55,82 @@ def main() -> None:
     # accuracy is reported on a validation part of the training split.
     ds = data.load(args.dataset).holdout(VALIDATION_SHARE)
     torch.manual_seed(args.seed)
-    model = models.build(recipe["arch"], in_channels=ds.x_train.shape[1],
-                         num_classes=len(ds.classes), **recipe["kwargs"]).to(device)
+    model = models.build(
+        recipe["arch"],
+        in_channels=ds.x_train.shape[1],
+        num_classes=len(ds.classes),
+        **recipe["kwargs"],
+    ).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
     torch.manual_seed(args.seed + hvd.rank())  # a different augmentation stream per rank
 
     train_loader = TensorLoader.from_dataset(
-        ds, "train", per_process, shuffle=True, seed=args.seed, rank=hvd.rank(),
-        world_size=hvd.size(), drop_last=True, augment=recipe["augment"], crop_pad=4,
-        device=device, channels_last=cuda)
-    test_loader = TensorLoader.from_dataset(ds, "test", 1000, rank=hvd.rank(),
-                                            world_size=hvd.size(), device=device,
-                                            channels_last=cuda)
+        ds,
+        "train",
+        per_process,
+        shuffle=True,
+        seed=args.seed,
+        rank=hvd.rank(),
+        world_size=hvd.size(),
+        drop_last=True,
+        augment=recipe["augment"],
+        crop_pad=4,
+        device=device,
+        channels_last=cuda,
+    )
+    test_loader = TensorLoader.from_dataset(
+        ds, "test", 1000, rank=hvd.rank(), world_size=hvd.size(), device=device, channels_last=cuda
+    )
 
     k = hvd.size()
     batch = per_process * k  # the global batch of one step
     lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], batch, "linear")
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, nesterov=True,
-                                weight_decay=5e-4)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     total_steps = epochs * len(train_loader)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_schedule(
-        total_steps, warmup_steps=max(1, len(train_loader) // 2),
-        warmup_start=recipe["batch_size"] / batch, decay="linear"))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        optim.lr_schedule(
+            total_steps,
+            warmup_steps=max(1, len(train_loader) // 2),
+            warmup_start=recipe["batch_size"] / batch,
+            decay="linear",
+        ),
+    )
     autocast_dtype = torch.bfloat16 if cuda else None
-    print0(f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} epochs, "
-           f"batch {per_process} x {k} Horovod processes, lr {lr:g}")
+    print0(
+        f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} epochs, "
+        f"batch {per_process} x {k} Horovod processes, lr {lr:g}"
+    )
 
     for epoch in range(epochs):
         train_loader.set_epoch(epoch)
         model.train()
         for step, (x, y) in enumerate(train_loader):
-            with torch.autocast(device.type, dtype=autocast_dtype,
-                                enabled=autocast_dtype is not None):
+            with torch.autocast(
+                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+            ):
                 loss = F.cross_entropy(model(x), y)
             optimizer.zero_grad()  # Horovod's wrapper takes no arguments
             loss.backward()  # Horovod starts all-reducing each gradient as it is ready
             optimizer.step()  # ... and waits for the averages here
             schedule.step()
             if step % 100 == 0:
-                print0(f"epoch {epoch + 1} step {step}/{len(train_loader)} loss "
-                       f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s")
+                print0(
+                    f"epoch {epoch + 1} step {step}/{len(train_loader)} loss "
+                    f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s"
+                )
 
     result = evaluate(model, test_loader, autocast_dtype=autocast_dtype)  # sums with hvd.allreduce
-    print0(f"validation accuracy {result['acc']:.2%} on {result['n']} images after "
-           f"{time.perf_counter() - start:.0f}s")
+    print0(
+        f"validation accuracy {result['acc']:.2%} on {result['n']} images after "
+        f"{time.perf_counter() - start:.0f}s"
+    )
     if hvd.rank() == 0:
         models.save(CHECKPOINT, model)
     hvd.barrier()  # every rank waits until rank 0 has saved

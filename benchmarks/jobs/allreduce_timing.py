@@ -22,8 +22,12 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", required=True, help="message sizes in bytes")
     p.add_argument("--repeats", type=int, default=5, help="timed calls per algorithm and size")
-    p.add_argument("--budget-s", type=float, default=2.0,
-                   help="fewer repeats (at least 3) for sizes whose calls exceed this in total")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=2.0,
+        help="fewer repeats (at least 3) for sizes whose calls exceed this in total",
+    )
     return p.parse_args()
 
 
@@ -64,11 +68,18 @@ def main() -> None:
             order = ("ring", "gloo") if i % 2 == 0 else ("gloo", "ring")
             for name in order:
                 times[name].append(slowest_rank_seconds(ring if name == "ring" else library))
-        err = ((ring_out[0] - lib_buf).abs().max() / lib_buf.abs().max().clamp_min(1e-30))
+        err = (ring_out[0] - lib_buf).abs().max() / lib_buf.abs().max().clamp_min(1e-30)
         tdist.all_reduce(err, op=tdist.ReduceOp.MAX)
-        metrics.emit({"event": "allreduce", "world_size": info.world_size, "nbytes": 4 * numel,
-                      "ring_s": times["ring"], "gloo_s": times["gloo"],
-                      "max_rel_err": float(err)})
+        metrics.emit(
+            {
+                "event": "allreduce",
+                "world_size": info.world_size,
+                "nbytes": 4 * numel,
+                "ring_s": times["ring"],
+                "gloo_s": times["gloo"],
+                "max_rel_err": float(err),
+            }
+        )
     dist.shutdown()
 
 

@@ -38,8 +38,10 @@ class Claim:
 
     def line(self) -> str:
         """``PASS name: measured (needs threshold; margin +x unit)``."""
-        return (f"{self.verdict}  {self.name}: {self.measured} (needs {self.threshold}; "
-                f"margin {self.margin:+.3g} {self.unit})".rstrip())
+        return (
+            f"{self.verdict}  {self.name}: {self.measured} (needs {self.threshold}; "
+            f"margin {self.margin:+.3g} {self.unit})".rstrip()
+        )
 
     def asserted(self, profile_name: str) -> bool:
         """Whether a run of this profile can show the claim: exact claims always; the
@@ -82,8 +84,9 @@ def relative_error(actual: Any, expected: Any) -> float:
     return float(np.linalg.norm(a - e) / max(np.linalg.norm(e), 1e-300))
 
 
-def close(actual: Any, expected: Any, *, what: str, rtol: float = 1e-5,
-          atol: float = 0.0, hint: str = "") -> float:
+def close(
+    actual: Any, expected: Any, *, what: str, rtol: float = 1e-5, atol: float = 0.0, hint: str = ""
+) -> float:
     """Check that ``actual`` equals ``expected`` up to ``rtol`` (relative, as a whole)
     or ``atol`` (absolute, element-wise). Returns the relative error."""
     a, e = _as_array(actual), _as_array(expected)
@@ -110,8 +113,12 @@ def that(condition: bool, *, what: str, detail: str = "", hint: str = "") -> Non
 
 def less(a: float, b: float, *, what: str, hint: str = "") -> None:
     """Check ``a < b`` and show both numbers."""
-    that(bool(a < b), what=what, detail=f"{a:.4g} < {b:.4g}" if a < b else f"{a:.4g} ≥ {b:.4g}",
-         hint=hint)
+    that(
+        bool(a < b),
+        what=what,
+        detail=f"{a:.4g} < {b:.4g}" if a < b else f"{a:.4g} ≥ {b:.4g}",
+        hint=hint,
+    )
 
 
 # --------------------------------------------------------------------------- claims of a run
@@ -119,11 +126,17 @@ def less(a: float, b: float, *, what: str, hint: str = "") -> None:
 # asserts"): a count, exact on any machine; a comparison inside one run, with the margin
 # taken from that run's own spread; anything else about time is shown, never raised.
 
+
 def count(actual: int, expected: int, *, what: str, hint: str = "") -> None:
     """An exact count (steps redone, collectives per block, bytes on the wire)."""
-    that(int(actual) == int(expected), what=what,
-         detail=f"{int(actual)}" if int(actual) == int(expected)
-         else f"counted {int(actual)}, expected {int(expected)}", hint=hint)
+    that(
+        int(actual) == int(expected),
+        what=what,
+        detail=f"{int(actual)}"
+        if int(actual) == int(expected)
+        else f"counted {int(actual)}, expected {int(expected)}",
+        hint=hint,
+    )
 
 
 def spread(samples: Any) -> float:
@@ -135,16 +148,31 @@ def spread(samples: Any) -> float:
     return float(1.4826 * np.median(np.abs(a - np.median(a))))
 
 
-def within_run(measured: float, predicted: float, *, noise: float, what: str, k: float = 4.0,
-               floor: float = 0.0, unit: str = "", hint: str = "") -> float:
+def within_run(
+    measured: float,
+    predicted: float,
+    *,
+    noise: float,
+    what: str,
+    k: float = 4.0,
+    floor: float = 0.0,
+    unit: str = "",
+    hint: str = "",
+) -> float:
     """A measurement agrees with what a model predicts from the same run's own per-operation
     times: ``|measured − predicted| ≤ k·noise + floor``, where ``noise`` comes from that
     run's spread (:func:`spread`). Returns the margin (positive when it holds)."""
     allowed = k * noise + floor
     margin = allowed - abs(measured - predicted)
-    that(margin >= 0, what=what,
-         detail=(f"measured {measured:.4g}{unit}, predicted {predicted:.4g}{unit} from this run's "
-                 f"own timings, allowed ±{allowed:.3g}{unit} (this run's spread)"), hint=hint)
+    that(
+        margin >= 0,
+        what=what,
+        detail=(
+            f"measured {measured:.4g}{unit}, predicted {predicted:.4g}{unit} from this run's "
+            f"own timings, allowed ±{allowed:.3g}{unit} (this run's spread)"
+        ),
+        hint=hint,
+    )
     return margin
 
 

@@ -17,13 +17,20 @@ from lab_utils.solutions import lab6 as reference
 
 
 # --------------------------------------------------------------------- 01–03
-def counted_transformer_flops(n_layers: int, d_model: int, vocab: int, batch: int,
-                              seq_len: int, n_heads: int = 4) -> int:
+def counted_transformer_flops(
+    n_layers: int, d_model: int, vocab: int, batch: int, seq_len: int, n_heads: int = 4
+) -> int:
     """FLOPs PyTorch's counter sees in one training step of ``char_transformer``
     (on the meta device: the count depends on shapes only)."""
     with torch.device("meta"):
-        model = models.build("char_transformer", vocab=vocab, d_model=d_model, n_heads=n_heads,
-                             n_layers=n_layers, max_len=seq_len)
+        model = models.build(
+            "char_transformer",
+            vocab=vocab,
+            d_model=d_model,
+            n_heads=n_heads,
+            n_layers=n_layers,
+            max_len=seq_len,
+        )
         x = torch.zeros(batch, seq_len, dtype=torch.long)
 
     def step() -> None:
@@ -49,17 +56,20 @@ def _transformer_mistake(got: int, shape: tuple[int, int, int, int, int]) -> str
     dense = want - attention
     known = {
         want // 3: "that is the forward pass only: the backward costs twice the forward "
-                   "(input gradient and weight gradient), so a step is 3× the forward",
+        "(input gradient and weight gradient), so a step is 3× the forward",
         dense: "the attention products are missing: QKᵀ and softmax·V cost 2·s²·d each per "
-               "sequence and layer in the forward, 3× that per step",
+        "sequence and layer in the forward, 3× that per step",
         dense + attention // 2: "the causal mask does not halve the work: the full s×s "
-                                "matrix is computed, then masked",
+        "matrix is computed, then masked",
         want + 6 * vocab * d * b * s: "the embedding is a look-up, not a matrix product: "
-                                      "count only the linear layers' weights",
+        "count only the linear layers' weights",
         want - 6 * vocab * d * b * s: "the head (d → vocab) is a linear layer too",
     }
-    return known.get(got, "N = 12·d²·L + d·vocab linear weights; 6·N per token; plus "
-                          "attention's 12·s²·d·L per sequence")
+    return known.get(
+        got,
+        "N = 12·d²·L + d·vocab linear weights; 6·N per token; plus "
+        "attention's 12·s²·d·L per sequence",
+    )
 
 
 def check_transformer_flops(fn: Callable) -> None:
@@ -67,9 +77,12 @@ def check_transformer_flops(fn: Callable) -> None:
     for shape in ((1, 32, 96, 2, 16), (2, 64, 96, 3, 32), (3, 48, 50, 2, 24)):
         got, counted = fn(*shape), counted_transformer_flops(*shape)
         if not isinstance(got, int | float) or int(got) != counted:
-            fail("transformer_train_flops",
-                 f"(n_layers, d_model, vocab, batch, seq_len) = {shape}: you counted {got!r}, "
-                 f"PyTorch's counter {counted:,}", _transformer_mistake(int(got or 0), shape))
+            fail(
+                "transformer_train_flops",
+                f"(n_layers, d_model, vocab, batch, seq_len) = {shape}: you counted {got!r}, "
+                f"PyTorch's counter {counted:,}",
+                _transformer_mistake(int(got or 0), shape),
+            )
     passed("transformer_train_flops: equal to FlopCounterMode on 3 shapes")
 
 
@@ -80,12 +93,18 @@ def check_cnn_flops(fn: Callable) -> None:
         if isinstance(got, int | float) and int(got) == counted:
             continue
         first = 2 * 9 * 1 * width * 28 * 28 * batch
-        hint = ("the first convolution's input is the data: it needs no input gradient, so "
-                "that layer costs 2× its forward, not 3×" if got == counted + first else
-                "3×3 conv: 2·9·C_in·C_out·H·W per image forward (H, W of its output: 28, 14, "
-                "7); the step is 3× that except for the first conv; classifier 6·in·out")
-        fail("cnn_train_flops", f"width={width}, batch={batch}: you counted {got!r}, PyTorch's "
-             f"counter {counted:,}", hint)
+        hint = (
+            "the first convolution's input is the data: it needs no input gradient, so "
+            "that layer costs 2× its forward, not 3×"
+            if got == counted + first
+            else "3×3 conv: 2·9·C_in·C_out·H·W per image forward (H, W of its output: 28, 14, "
+            "7); the step is 3× that except for the first conv; classifier 6·in·out"
+        )
+        fail(
+            "cnn_train_flops",
+            f"width={width}, batch={batch}: you counted {got!r}, PyTorch's counter {counted:,}",
+            hint,
+        )
     passed("cnn_train_flops: equal to FlopCounterMode for 3 widths")
 
 
@@ -95,9 +114,12 @@ def check_memory_bound(fn: Callable, peak_flops: float, bandwidth: float) -> Non
     for intensity in (ridge / 100, ridge / 2, ridge, ridge * 2, ridge * 100):
         got, want = bool(fn(intensity, peak_flops, bandwidth)), intensity < ridge
         if got != want:
-            fail("memory_bound", f"intensity {intensity:.3g} FLOP/byte with a ridge point at "
-                 f"{ridge:.3g}: you said memory-bound={got}",
-                 "memory-bound when FLOPs per byte < peak FLOP/s ÷ bandwidth (bytes/s)")
+            fail(
+                "memory_bound",
+                f"intensity {intensity:.3g} FLOP/byte with a ridge point at "
+                f"{ridge:.3g}: you said memory-bound={got}",
+                "memory-bound when FLOPs per byte < peak FLOP/s ÷ bandwidth (bytes/s)",
+            )
     passed(f"memory_bound: the ridge point at {ridge:.3g} FLOP/byte separates the two")
 
 
@@ -121,14 +143,20 @@ def check_fp16_gradients(fn: Callable) -> None:
         zeros, want_zeros = int((got == 0).sum()), int((want == 0).sum())
         unscaled = reference.fp16_gradients(grads, 1.0)
         if scale != 1.0 and torch.equal(got.float(), unscaled):
-            hint = ("the loss scale is missing: multiply by the scale before the cast to fp16 "
-                    "(so small values stay representable) and divide after")
+            hint = (
+                "the loss scale is missing: multiply by the scale before the cast to fp16 "
+                "(so small values stay representable) and divide after"
+            )
         elif torch.equal(got.float(), want * scale):
             hint = "unscale: divide by the scale after casting back to fp32"
         else:
             hint = "(grads · scale) → float16 → float32, then ÷ scale"
-        fail("fp16_gradients", f"scale {scale:g}: {zeros} of {grads.numel()} gradients are zero "
-             f"in your result, {want_zeros} with scaling done right", hint)
+        fail(
+            "fp16_gradients",
+            f"scale {scale:g}: {zeros} of {grads.numel()} gradients are zero "
+            f"in your result, {want_zeros} with scaling done right",
+            hint,
+        )
     passed("fp16_gradients: scaling keeps the gradients fp16 alone would flush to zero")
 
 
@@ -148,18 +176,26 @@ def check_layer_activation_bytes(fn: Callable) -> None:
             continue
         korthikanti = s * b * h * (34 + 5 * a * s / h)
         if got == korthikanti:
-            hint = ("that is Korthikanti et al.'s 16-bit count with dropout and an s×s attention "
-                    "matrix; this block is fp32 (4 bytes), has no dropout, and its fused "
-                    "attention keeps only a log-sum-exp per head and position")
+            hint = (
+                "that is Korthikanti et al.'s 16-bit count with dropout and an s×s attention "
+                "matrix; this block is fp32 (4 bytes), has no dropout, and its fused "
+                "attention keeps only a log-sum-exp per head and position"
+            )
         elif got == measured // 2:
             hint = "fp32 values take 4 bytes, not 2"
         elif got == measured - 4 * (4 * s * b + a * s * b):
             hint = "add the small tensors: LayerNorm's mean and 1/std per token, attention's log-sum-exp"
         else:
-            hint = ("list what each op keeps: LN input and output, q, k, v, attention output, "
-                    "the residual sum, fc1 and GELU outputs (4h wide), LN statistics, log-sum-exp")
-        fail("layer_activation_bytes", f"(s, b, h, a) = {(s, b, h, a)}: you said {got!r} bytes, "
-             f"the meter counted {measured:,}", hint)
+            hint = (
+                "list what each op keeps: LN input and output, q, k, v, attention output, "
+                "the residual sum, fc1 and GELU outputs (4h wide), LN statistics, log-sum-exp"
+            )
+        fail(
+            "layer_activation_bytes",
+            f"(s, b, h, a) = {(s, b, h, a)}: you said {got!r} bytes, "
+            f"the meter counted {measured:,}",
+            hint,
+        )
     passed("layer_activation_bytes: equal to the saved-tensor meter on 3 shapes")
 
 
@@ -172,13 +208,17 @@ def check_make_buckets(fn: Callable) -> None:
         if got == want:
             continue
         flat = [i for b in (got or []) for i in b] if isinstance(got, list) else []
-        forward = [[len(sizes) - 1 - i for i in b]
-                   for b in reference.make_buckets(list(reversed(sizes)), cap)]
+        forward = [
+            [len(sizes) - 1 - i for i in b]
+            for b in reference.make_buckets(list(reversed(sizes)), cap)
+        ]
         if sorted(flat) != list(range(len(sizes))):
             hint = "every parameter index must be in exactly one bucket"
         elif got == forward:
-            hint = ("backward produces the LAST layer's gradients first: fill buckets from the "
-                    "last parameter to the first, so the first bucket is ready earliest")
+            hint = (
+                "backward produces the LAST layer's gradients first: fill buckets from the "
+                "last parameter to the first, so the first bucket is ready earliest"
+            )
         elif any(sum(sizes[i] for i in b) > cap and len(b) > 1 for b in got):
             hint = f"a bucket of several parameters passed the cap of {cap} bytes"
         else:
@@ -194,25 +234,46 @@ def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
     ring = (n - 1) / n
     layers = kw["layers"]
     if strategy in ("tp", "pp"):
-        gradient_answers = [reference.bytes_sent_per_rank(s, **kw) for s in ("ddp", "zero1", "fsdp")]
+        gradient_answers = [
+            reference.bytes_sent_per_rank(s, **kw) for s in ("ddp", "zero1", "fsdp")
+        ]
         gradient_answers += [grads, 2 * grads, ring * grads]
-        wrong = [(v, "tensor and pipeline parallelism send activations (batch × seq_len × d "
-                     "values), not the Ψ gradients") for v in gradient_answers]
+        wrong = [
+            (
+                v,
+                "tensor and pipeline parallelism send activations (batch × seq_len × d "
+                "values), not the Ψ gradients",
+            )
+            for v in gradient_answers
+        ]
         wrong += [  # the first that matches is named (some coincide when n = 2)
-            (2 * ring * 2 * layers * act, "backward all-reduces too: two per block forward, two backward"),
+            (
+                2 * ring * 2 * layers * act,
+                "backward all-reduces too: two per block forward, two backward",
+            ),
             ((n - 1) * act / n, "the gradient of the boundary activation comes back in backward"),
-            (ring * 4 * layers * act, "each of those all-reduces costs 2(n−1)/n of its size per rank"),
+            (
+                ring * 4 * layers * act,
+                "each of those all-reduces costs 2(n−1)/n of its size per rank",
+            ),
             (2 * (n - 1) * act, "average over the n ranks: only n − 1 boundaries send"),
         ]
         default = "count the all-reduces of a (batch, seq_len, d) activation per block, or the sends per boundary"
     else:
         wrong = [
-            (2 * ring * grads, {"zero1": "ZeRO-1 also broadcasts each updated shard to the others",
-                                "fsdp": "FSDP gathers the weights twice (forward, and again in "
-                                        "backward: it freed them) and reduce-scatters the gradients"
-                                }.get(strategy, "")),
+            (
+                2 * ring * grads,
+                {
+                    "zero1": "ZeRO-1 also broadcasts each updated shard to the others",
+                    "fsdp": "FSDP gathers the weights twice (forward, and again in "
+                    "backward: it freed them) and reduce-scatters the gradients",
+                }.get(strategy, ""),
+            ),
             (2 * grads, "the ring sends (n−1)/n of the data per rank and per pass, not all of it"),
-            (ring * grads, "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S"),
+            (
+                ring * grads,
+                "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S",
+            ),
             (grads, "count bytes (4 per fp32 value) and the ring's 2(n−1)/n for an all-reduce"),
         ]
         default = "data parallelism sends the Ψ gradients (and ZeRO-1 / FSDP the Ψ weights too)"
@@ -224,9 +285,11 @@ def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
 
 def check_bytes_sent_per_rank(fn: Callable) -> None:
     """The student's prediction equals the reference for every strategy on 3 shapes."""
-    shapes = [dict(n=2, psi=214_496, batch=16, seq_len=32, d_model=64, layers=4),
-              dict(n=4, psi=1_000_000, batch=8, seq_len=64, d_model=128, layers=2),
-              dict(n=8, psi=123_456, batch=32, seq_len=16, d_model=32, layers=6)]
+    shapes = [
+        dict(n=2, psi=214_496, batch=16, seq_len=32, d_model=64, layers=4),
+        dict(n=4, psi=1_000_000, batch=8, seq_len=64, d_model=128, layers=2),
+        dict(n=8, psi=123_456, batch=32, seq_len=16, d_model=32, layers=6),
+    ]
     for kw in shapes:
         for strategy in ("ddp", "zero1", "fsdp", "tp", "pp"):
             want = reference.bytes_sent_per_rank(strategy, **kw)
@@ -234,9 +297,13 @@ def check_bytes_sent_per_rank(fn: Callable) -> None:
             if isinstance(got, int | float) and abs(got - want) <= 1e-6 * max(1.0, want):
                 continue
             detail = f"{strategy} with {kw}: you said {got!r}, expected {want:,.0f}"
-            fail("bytes_sent_per_rank", detail,
-                 _bytes_mistake(strategy, got, kw) if isinstance(got, int | float) else
-                 "return a number of bytes")
+            fail(
+                "bytes_sent_per_rank",
+                detail,
+                _bytes_mistake(strategy, got, kw)
+                if isinstance(got, int | float)
+                else "return a number of bytes",
+            )
     passed("bytes_sent_per_rank: DDP, ZeRO-1, FSDP, tensor and pipeline parallelism on 3 shapes")
 
 
@@ -244,8 +311,12 @@ def ring_bytes_per_rank(counted: dict[str, int], n: int, p2p_total: int = 0) -> 
     """Bytes sent per rank (averaged) from the full-tensor sizes a run handed to each kind
     of collective: 2(n−1)/n for an all-reduce, (n−1)/n for the others; point-to-point
     sends counted byte for byte and shared over the ranks."""
-    factor = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
-              "reduce_scatter": (n - 1) / n, "broadcast": (n - 1) / n}
+    factor = {
+        "all_reduce": 2 * (n - 1) / n,
+        "all_gather": (n - 1) / n,
+        "reduce_scatter": (n - 1) / n,
+        "broadcast": (n - 1) / n,
+    }
     unknown = set(counted) - set(factor) - {"p2p"}
     if unknown:
         fail("ring_bytes_per_rank", f"no ring cost for {sorted(unknown)}")
@@ -257,18 +328,27 @@ def check_hand_ddp(run: dict, *, tol: float = 1e-6) -> None:
     DistributedDataParallel's, from a start that differed on every rank."""
     g, w = run["grad_rel_err"], run["weight_rel_err"]
     if g <= tol and w <= tol:
-        passed(f"hand-made DDP = DistributedDataParallel after {run['steps']} steps",
-               f"relative differences: gradients {g:.1e}, weights {w:.1e}")
+        passed(
+            f"hand-made DDP = DistributedDataParallel after {run['steps']} steps",
+            f"relative differences: gradients {g:.1e}, weights {w:.1e}",
+        )
         return
     n = run.get("procs", 2)
     if abs(g - (n - 1)) < 1e-3:
-        hint = (f"the gradients are {n}× DDP's: all-reduce sums, so divide by the number of "
-                "ranks (the average) before copying back")
+        hint = (
+            f"the gradients are {n}× DDP's: all-reduce sums, so divide by the number of "
+            "ranks (the average) before copying back"
+        )
     elif g <= tol:
         hint = "the gradients agree but the weights do not: did every rank start from rank 0's weights?"
     else:
-        hint = ("a bucket was sent before all its gradients had arrived, or copied back into the "
-                "wrong parameters: launch a bucket only when its last gradient is ready")
-    fail("hand-made DDP = DistributedDataParallel",
-         f"after {run['steps']} steps gradients differ by {g:.2e}, weights by {w:.2e} (relative; "
-         f"allowed {tol:.0e})", hint)
+        hint = (
+            "a bucket was sent before all its gradients had arrived, or copied back into the "
+            "wrong parameters: launch a bucket only when its last gradient is ready"
+        )
+    fail(
+        "hand-made DDP = DistributedDataParallel",
+        f"after {run['steps']} steps gradients differ by {g:.2e}, weights by {w:.2e} (relative; "
+        f"allowed {tol:.0e})",
+        hint,
+    )

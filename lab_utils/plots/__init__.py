@@ -7,9 +7,16 @@ from collections.abc import Iterable, Mapping, Sequence
 import matplotlib.pyplot as plt
 
 
-def curves(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xlabel: str,
-           ylabel: str, title: str = "", logx: bool = False, logy: bool = False,
-           ax: plt.Axes | None = None) -> plt.Axes:
+def curves(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = False,
+    logy: bool = False,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Draw several labelled (x, y) curves on one axes, with labelled axes and a legend."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))

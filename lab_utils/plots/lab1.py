@@ -17,10 +17,17 @@ def _log_levels(L: np.ndarray, n: int = 18) -> np.ndarray:
     return np.geomspace(lo * 1.05, hi, n) if hi > lo * 1.05 else np.linspace(lo, hi + 1, n)
 
 
-def loss_contour(W: np.ndarray, B: np.ndarray, L: np.ndarray,
-                 paths: Mapping[str, np.ndarray] | None = None,
-                 optimum: Sequence[float] | None = None, ax: plt.Axes | None = None,
-                 title: str = "", markers: bool = True, linewidth: float = 1.2) -> plt.Axes:
+def loss_contour(
+    W: np.ndarray,
+    B: np.ndarray,
+    L: np.ndarray,
+    paths: Mapping[str, np.ndarray] | None = None,
+    optimum: Sequence[float] | None = None,
+    ax: plt.Axes | None = None,
+    title: str = "",
+    markers: bool = True,
+    linewidth: float = 1.2,
+) -> plt.Axes:
     """Contours of the loss over (w, b) (log-spaced levels) with optimiser paths on top.
 
     Each path is an array of iterates ``(k, 2)``; it is clipped to the plotted window,
@@ -32,8 +39,14 @@ def loss_contour(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     ax.clabel(cs, cs.levels[::4], fmt="%.2g", fontsize=7)
     for label, path in (paths or {}).items():
         path = np.asarray(path, dtype=np.float64)
-        line, = ax.plot(path[:, 0], path[:, 1], lw=linewidth, label=label,
-                        marker="." if markers and len(path) <= 200 else None, ms=3)
+        (line,) = ax.plot(
+            path[:, 0],
+            path[:, 1],
+            lw=linewidth,
+            label=label,
+            marker="." if markers and len(path) <= 200 else None,
+            ms=3,
+        )
         ax.plot(path[0, 0], path[0, 1], "o", color=line.get_color(), ms=5)
     if optimum is not None:
         ax.plot(optimum[0], optimum[1], "*", color="crimson", ms=12, label="minimum")
@@ -48,17 +61,24 @@ def loss_contour(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     return ax
 
 
-def loss_surface_3d(W: np.ndarray, B: np.ndarray, L: np.ndarray,
-                    path: np.ndarray | None = None, path_losses: np.ndarray | None = None,
-                    ax=None, title: str = ""):
+def loss_surface_3d(
+    W: np.ndarray,
+    B: np.ndarray,
+    L: np.ndarray,
+    path: np.ndarray | None = None,
+    path_losses: np.ndarray | None = None,
+    ax=None,
+    title: str = "",
+):
     """The loss as a 3-D surface over (w, b), optionally with a path lying on it."""
     if ax is None:
         fig = plt.figure(figsize=(6, 4.5))
         ax = fig.add_subplot(projection="3d")
     ax.plot_surface(W, B, L, cmap="viridis", alpha=0.6, linewidth=0, antialiased=True)
     if path is not None and path_losses is not None:
-        ax.plot(path[:, 0], path[:, 1], path_losses, "r.-", lw=1.5, ms=4, label="GD path",
-                zorder=10)
+        ax.plot(
+            path[:, 0], path[:, 1], path_losses, "r.-", lw=1.5, ms=4, label="GD path", zorder=10
+        )
         ax.legend(fontsize=8)
     ax.set_xlabel("weight w")
     ax.set_ylabel("bias b")
@@ -69,9 +89,16 @@ def loss_surface_3d(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     return ax
 
 
-def loglog(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xlabel: str,
-           ylabel: str, guides: Sequence[float] = (), anchor: str = "first", title: str = "",
-           ax: plt.Axes | None = None) -> plt.Axes:
+def loglog(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    guides: Sequence[float] = (),
+    anchor: str = "first",
+    title: str = "",
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Curves on log-log axes with reference lines of the given slopes.
 
     A guide of slope ``s`` passes through the ``anchor`` (``"first"`` or ``"last"``)
@@ -97,8 +124,15 @@ def loglog(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xla
             x0, y0 = x[ok][k], y[ok][k]
             span = np.geomspace(x[ok].min(), x[ok].max(), 20)
             for s, style in zip(guides, ("--", ":", "-.", (0, (5, 5))), strict=False):
-                ax.plot(span, y0 * (span / x0) ** s, color="k", ls=style, lw=0.9, alpha=0.6,
-                        label=f"slope {s:g}")
+                ax.plot(
+                    span,
+                    y0 * (span / x0) ** s,
+                    color="k",
+                    ls=style,
+                    lw=0.9,
+                    alpha=0.6,
+                    label=f"slope {s:g}",
+                )
     ax.set_xscale("log")
     ax.set_yscale("log")
     if first is not None and len(first[0]) <= 12 and np.all(first[0] == np.round(first[0])):
@@ -114,10 +148,17 @@ def loglog(series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xla
     return ax
 
 
-def paths_and_losses(W: np.ndarray, B: np.ndarray, L: np.ndarray,
-                     paths: Mapping[str, np.ndarray], losses: Mapping[str, Sequence[float]],
-                     *, optimum: Sequence[float] | None = None, xlabel: str = "update",
-                     title: str = "") -> plt.Figure:
+def paths_and_losses(
+    W: np.ndarray,
+    B: np.ndarray,
+    L: np.ndarray,
+    paths: Mapping[str, np.ndarray],
+    losses: Mapping[str, Sequence[float]],
+    *,
+    optimum: Sequence[float] | None = None,
+    xlabel: str = "update",
+    title: str = "",
+) -> plt.Figure:
     """Paths on the loss contour (left) and the loss of each along its updates (right)."""
     fig, (ax_path, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     loss_contour(W, B, L, paths, optimum=optimum, ax=ax_path)
@@ -160,8 +201,9 @@ def _graph_nodes(root, names: Mapping[int, str]):
     return labels, depth, edges
 
 
-def autograd_graph(tensor, names: Mapping[str, object] | None = None,
-                   ax: plt.Axes | None = None, title: str = "") -> plt.Axes:
+def autograd_graph(
+    tensor, names: Mapping[str, object] | None = None, ax: plt.Axes | None = None, title: str = ""
+) -> plt.Axes:
     """Draw the computational graph autograd recorded for ``tensor``.
 
     Leaves (parameters) sit on the left, the output on the right; each box is one
@@ -186,15 +228,26 @@ def autograd_graph(tensor, names: Mapping[str, object] | None = None,
     half_width = 0.4
     for src, dst in edges:
         (xs, ys), (xd, yd) = pos[src], pos[dst]
-        ax.annotate("", xy=(xd - half_width, yd), xytext=(xs + half_width, ys),
-                    arrowprops=dict(arrowstyle="-|>", color="0.4", shrinkA=0, shrinkB=0))
+        ax.annotate(
+            "",
+            xy=(xd - half_width, yd),
+            xytext=(xs + half_width, ys),
+            arrowprops=dict(arrowstyle="-|>", color="0.4", shrinkA=0, shrinkB=0),
+        )
     root = id(tensor.grad_fn)
     for key, (x, y) in pos.items():
         leaf = labels[key].endswith("AccumulateGrad")
         text = labels[key] + ("\n(output)" if key == root else "")
-        ax.add_patch(FancyBboxPatch((x - half_width, y - 0.22), 2 * half_width, 0.44,
-                                    boxstyle="round,pad=0.02",
-                                    fc="#cde4f7" if leaf else "#f7e3c4", ec="0.3"))
+        ax.add_patch(
+            FancyBboxPatch(
+                (x - half_width, y - 0.22),
+                2 * half_width,
+                0.44,
+                boxstyle="round,pad=0.02",
+                fc="#cde4f7" if leaf else "#f7e3c4",
+                ec="0.3",
+            )
+        )
         ax.text(x, y, text, ha="center", va="center", fontsize=8)
     ax.set_xlim(-0.6, max_depth + 0.6)
     ys = [p[1] for p in pos.values()]
@@ -216,23 +269,53 @@ def parallelism_diagrams(workers: int = 3) -> plt.Figure:
     colors = ["#cde4f7", "#d7f0d2", "#f7e3c4", "#eedcf5"]
 
     # Data parallelism: the global batch is split; every worker holds the whole model.
-    _box(ax_d, 0.2, 3.55, 9.6, 0.6, f"global batch of N·b samples, split into {workers} shards",
-         "0.92", 9)
+    _box(
+        ax_d,
+        0.2,
+        3.55,
+        9.6,
+        0.6,
+        f"global batch of N·b samples, split into {workers} shards",
+        "0.92",
+        9,
+    )
     for k in range(workers):
         x = 0.4 + k * 3.2
-        ax_d.annotate("", xy=(x + 1.3, 2.85), xytext=(x + 1.3, 3.5),
-                      arrowprops=dict(arrowstyle="-|>", color="0.4"))
+        ax_d.annotate(
+            "",
+            xy=(x + 1.3, 2.85),
+            xytext=(x + 1.3, 3.5),
+            arrowprops=dict(arrowstyle="-|>", color="0.4"),
+        )
         ax_d.add_patch(Rectangle((x - 0.1, 0.95), 2.8, 1.95, fc="none", ec="0.5", ls=":"))
         ax_d.text(x + 1.3, 2.75, f"worker {k}", ha="center", va="top", fontsize=8)
         for j in range(3):
             _box(ax_d, x + 0.2, 2.15 - j * 0.38, 2.2, 0.3, f"layer {j + 1}", colors[j % 4], 7)
-        ax_d.text(x + 1.3, 1.05, f"shard {k}: b samples\n→ gradient g{k}", ha="center",
-                  va="bottom", fontsize=7)
-    _box(ax_d, 0.2, 0.1, 9.6, 0.6, "all-reduce: every worker gets (g0 + g1 + g2) / 3, "
-         "then takes the same step", "#fde2e2", 9)
+        ax_d.text(
+            x + 1.3,
+            1.05,
+            f"shard {k}: b samples\n→ gradient g{k}",
+            ha="center",
+            va="bottom",
+            fontsize=7,
+        )
+    _box(
+        ax_d,
+        0.2,
+        0.1,
+        9.6,
+        0.6,
+        "all-reduce: every worker gets (g0 + g1 + g2) / 3, then takes the same step",
+        "#fde2e2",
+        9,
+    )
     for k in range(workers):
-        ax_d.annotate("", xy=(0.4 + k * 3.2 + 1.3, 0.72), xytext=(0.4 + k * 3.2 + 1.3, 0.98),
-                      arrowprops=dict(arrowstyle="<|-|>", color="crimson"))
+        ax_d.annotate(
+            "",
+            xy=(0.4 + k * 3.2 + 1.3, 0.72),
+            xytext=(0.4 + k * 3.2 + 1.3, 0.98),
+            arrowprops=dict(arrowstyle="<|-|>", color="crimson"),
+        )
     ax_d.set_title("Data parallelism: copy the model, split the batch (Lab 2)")
 
     # Model parallelism: one batch flows through layers that live on different workers.
@@ -242,15 +325,24 @@ def parallelism_diagrams(workers: int = 3) -> plt.Figure:
         ax_m.text(x + 1.35, 3.2, f"worker {k}", ha="center", va="top", fontsize=8)
         _box(ax_m, x + 0.25, 1.6, 2.2, 0.9, f"layers {2 * k + 1}–{2 * k + 2}", colors[k % 4], 8)
         if k < workers - 1:
-            ax_m.annotate("", xy=(x + 3.45, 2.2), xytext=(x + 2.5, 2.2),
-                          arrowprops=dict(arrowstyle="-|>", color="0.2"))
-            ax_m.annotate("", xy=(x + 2.5, 1.85), xytext=(x + 3.45, 1.85),
-                          arrowprops=dict(arrowstyle="-|>", color="crimson"))
+            ax_m.annotate(
+                "",
+                xy=(x + 3.45, 2.2),
+                xytext=(x + 2.5, 2.2),
+                arrowprops=dict(arrowstyle="-|>", color="0.2"),
+            )
+            ax_m.annotate(
+                "",
+                xy=(x + 2.5, 1.85),
+                xytext=(x + 3.45, 1.85),
+                arrowprops=dict(arrowstyle="-|>", color="crimson"),
+            )
     ax_m.text(5.0, 2.75, "activations →", ha="center", fontsize=8)
     ax_m.text(5.0, 1.2, "← gradients of activations", ha="center", fontsize=8, color="crimson")
     _box(ax_m, 0.2, 3.55, 9.6, 0.6, "one batch of b samples", "0.92", 9)
-    _box(ax_m, 0.2, 0.1, 9.6, 0.6, "each worker stores and updates only its own layers", "#fde2e2",
-         9)
+    _box(
+        ax_m, 0.2, 0.1, 9.6, 0.6, "each worker stores and updates only its own layers", "#fde2e2", 9
+    )
     ax_m.set_title("Model parallelism: split the model, pass activations")
     for ax in (ax_d, ax_m):
         ax.set_xlim(0, 10)
@@ -260,9 +352,13 @@ def parallelism_diagrams(workers: int = 3) -> plt.Figure:
     return fig
 
 
-def optimiser_race(W: np.ndarray, B: np.ndarray, L: np.ndarray,
-                   runs: Mapping[str, Mapping[str, object]],
-                   optimum: Sequence[float] | None = None) -> plt.Figure:
+def optimiser_race(
+    W: np.ndarray,
+    B: np.ndarray,
+    L: np.ndarray,
+    runs: Mapping[str, Mapping[str, object]],
+    optimum: Sequence[float] | None = None,
+) -> plt.Figure:
     """Paths of several optimisers on the contour, and their loss per update, per epoch
     and per second.
 
@@ -272,8 +368,15 @@ def optimiser_race(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     # a 2 × 2 grid: four panels in a row are unreadable at a notebook's normal width
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     ax_path, ax_upd, ax_epoch, ax_sec = axes.flat
-    loss_contour(W, B, L, {k: np.asarray(r["path"]) for k, r in runs.items()}, optimum=optimum,
-                 ax=ax_path, markers=False)
+    loss_contour(
+        W,
+        B,
+        L,
+        {k: np.asarray(r["path"]) for k, r in runs.items()},
+        optimum=optimum,
+        ax=ax_path,
+        markers=False,
+    )
     for label, run in runs.items():
         losses = np.asarray(run["losses"], dtype=np.float64)
         updates = np.arange(len(losses))
@@ -283,8 +386,11 @@ def optimiser_race(W: np.ndarray, B: np.ndarray, L: np.ndarray,
         ax_sec.plot(seconds[1:], losses[1:], label=label)  # log axis: from the first update
     ax_upd.set_xscale("symlog", linthresh=1)
     ax_sec.set_xscale("log")
-    for ax, xlabel in ((ax_upd, "updates (log scale)"), (ax_epoch, "epochs (passes over the data)"),
-                       (ax_sec, "seconds (log scale)")):
+    for ax, xlabel in (
+        (ax_upd, "updates (log scale)"),
+        (ax_epoch, "epochs (passes over the data)"),
+        (ax_sec, "seconds (log scale)"),
+    ):
         ax.set_yscale("log")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("MSE loss (full data)")
@@ -298,8 +404,9 @@ def optimiser_race(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     return fig
 
 
-def gradient_clouds(samples: Mapping[str, np.ndarray], full: Sequence[float],
-                    ax: plt.Axes | None = None) -> plt.Axes:
+def gradient_clouds(
+    samples: Mapping[str, np.ndarray], full: Sequence[float], ax: plt.Axes | None = None
+) -> plt.Axes:
     """Mini-batch gradients (one dot each) around the full-batch gradient (a cross)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 4.5))
@@ -311,15 +418,22 @@ def gradient_clouds(samples: Mapping[str, np.ndarray], full: Sequence[float],
     ax.set_ylabel("∂L/∂b")
     ax.set_title("mini-batch gradients scatter around the full one")
     legend = ax.legend(fontsize=8)
-    for handle in legend.legend_handles[:len(samples)]:
+    for handle in legend.legend_handles[: len(samples)]:
         handle.set_sizes([30])
     return ax
 
 
-def learning_rate_gallery(W: np.ndarray, B: np.ndarray, L: np.ndarray,
-                          paths: Mapping[str, np.ndarray], losses: Mapping[str, Sequence[float]],
-                          *, optimum: Sequence[float] | None = None, shown: int = 30,
-                          xlabel: str = "gradient descent step") -> plt.Figure:
+def learning_rate_gallery(
+    W: np.ndarray,
+    B: np.ndarray,
+    L: np.ndarray,
+    paths: Mapping[str, np.ndarray],
+    losses: Mapping[str, Sequence[float]],
+    *,
+    optimum: Sequence[float] | None = None,
+    shown: int = 30,
+    xlabel: str = "gradient descent step",
+) -> plt.Figure:
     """One contour panel per learning rate (its first ``shown`` steps), and all their
     loss curves together below, on a log scale."""
     fig = plt.figure(figsize=(4 * len(paths), 7.5))
@@ -328,7 +442,7 @@ def learning_rate_gallery(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     for k, (label, path) in enumerate(paths.items()):
         ax = fig.add_subplot(grid[0, k])
         ax.contour(W, B, L, levels=_log_levels(L), cmap="viridis", linewidths=0.6)
-        path = np.asarray(path, dtype=np.float64)[:shown + 1]
+        path = np.asarray(path, dtype=np.float64)[: shown + 1]
         ax.plot(path[:, 0], path[:, 1], ".-", color=colors[k % len(colors)], lw=1, ms=4)
         ax.plot(path[0, 0], path[0, 1], "o", color=colors[k % len(colors)])
         if optimum is not None:
@@ -341,8 +455,9 @@ def learning_rate_gallery(W: np.ndarray, B: np.ndarray, L: np.ndarray,
     ax_loss = fig.add_subplot(grid[1, :])
     for k, (label, loss) in enumerate(losses.items()):
         loss = np.asarray(loss, dtype=np.float64)
-        ax_loss.plot(np.where(np.isfinite(loss), loss, np.nan), color=colors[k % len(colors)],
-                     label=label)
+        ax_loss.plot(
+            np.where(np.isfinite(loss), loss, np.nan), color=colors[k % len(colors)], label=label
+        )
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel(xlabel)
     ax_loss.set_ylabel("MSE loss (log scale)")

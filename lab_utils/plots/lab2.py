@@ -27,39 +27,72 @@ def _collective(name: str, n: int) -> tuple[list, list, list[tuple[int, int]]]:
     each = [[(f"x{r}", r)] for r in range(n)]
     total = [("Σx", -1)]
     if name == "broadcast":
-        return ([[("x0", 0)]] + [[] for _ in range(n - 1)], [[("x0", 0)] for _ in range(n)],
-                [(0, r) for r in range(1, n)])
+        return (
+            [[("x0", 0)]] + [[] for _ in range(n - 1)],
+            [[("x0", 0)] for _ in range(n)],
+            [(0, r) for r in range(1, n)],
+        )
     if name == "scatter":
-        return ([[(f"x0[{i}]", 0) for i in range(n)]] + [[] for _ in range(n - 1)],
-                [[(f"x0[{r}]", 0)] for r in range(n)], [(0, r) for r in range(1, n)])
+        return (
+            [[(f"x0[{i}]", 0) for i in range(n)]] + [[] for _ in range(n - 1)],
+            [[(f"x0[{r}]", 0)] for r in range(n)],
+            [(0, r) for r in range(1, n)],
+        )
     if name == "gather":
-        return each, [[(f"x{i}", i) for i in range(n)]] + [[] for _ in range(n - 1)], \
-            [(r, 0) for r in range(1, n)]
+        return (
+            each,
+            [[(f"x{i}", i) for i in range(n)]] + [[] for _ in range(n - 1)],
+            [(r, 0) for r in range(1, n)],
+        )
     if name == "reduce":
         return each, [total] + [[] for _ in range(n - 1)], [(r, 0) for r in range(1, n)]
     if name == "all_reduce":
-        return each, [total for _ in range(n)], [(s, d) for s in range(n) for d in range(n)
-                                                 if s != d]
+        return (
+            each,
+            [total for _ in range(n)],
+            [(s, d) for s in range(n) for d in range(n) if s != d],
+        )
     if name == "all_gather":
-        return each, [[(f"x{i}", i) for i in range(n)] for _ in range(n)], \
-            [(s, d) for s in range(n) for d in range(n) if s != d]
+        return (
+            each,
+            [[(f"x{i}", i) for i in range(n)] for _ in range(n)],
+            [(s, d) for s in range(n) for d in range(n) if s != d],
+        )
     if name == "reduce_scatter":
-        return ([[(f"x{r}[{i}]", r) for i in range(n)] for r in range(n)],
-                [[(f"Σx[{r}]", -1)] for r in range(n)],
-                [(s, d) for s in range(n) for d in range(n) if s != d])
+        return (
+            [[(f"x{r}[{i}]", r) for i in range(n)] for r in range(n)],
+            [[(f"Σx[{r}]", -1)] for r in range(n)],
+            [(s, d) for s in range(n) for d in range(n) if s != d],
+        )
     raise ValueError(f"unknown collective {name!r}")
 
 
-COLLECTIVES = ("broadcast", "scatter", "gather", "reduce", "all_reduce", "all_gather",
-               "reduce_scatter")
+COLLECTIVES = (
+    "broadcast",
+    "scatter",
+    "gather",
+    "reduce",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+)
 
 
-def _cells(ax: plt.Axes, x0: float, y: float, cells: Sequence[tuple[str, int]],
-           width: float) -> None:
+def _cells(
+    ax: plt.Axes, x0: float, y: float, cells: Sequence[tuple[str, int]], width: float
+) -> None:
     for i, (label, owner) in enumerate(cells):
         color = "0.8" if owner < 0 else RANK_COLORS[owner % 10]
-        ax.add_patch(Rectangle((x0 + i * width, y - 0.35), width * 0.95, 0.7, facecolor=color,
-                               alpha=0.55, edgecolor="0.3"))
+        ax.add_patch(
+            Rectangle(
+                (x0 + i * width, y - 0.35),
+                width * 0.95,
+                0.7,
+                facecolor=color,
+                alpha=0.55,
+                edgecolor="0.3",
+            )
+        )
         ax.text(x0 + (i + 0.47) * width, y, label, ha="center", va="center", fontsize=7)
 
 
@@ -79,16 +112,24 @@ def collective_diagrams(names: Sequence[str] = COLLECTIVES, n: int = 4) -> plt.F
             _cells(ax, 0.0, y, before[r], w)
             _cells(ax, 3.2, y, after[r], w)
         for s, d in messages:
-            ax.add_patch(FancyArrowPatch((2.3, n - 1 - s), (3.1, n - 1 - d),
-                                         arrowstyle="-|>", mutation_scale=7, lw=0.7,
-                                         color=RANK_COLORS[s % 10], alpha=0.8))
+            ax.add_patch(
+                FancyArrowPatch(
+                    (2.3, n - 1 - s),
+                    (3.1, n - 1 - d),
+                    arrowstyle="-|>",
+                    mutation_scale=7,
+                    lw=0.7,
+                    color=RANK_COLORS[s % 10],
+                    alpha=0.8,
+                )
+            )
         ax.text(1.0, n - 0.35, "before", ha="center", fontsize=8, color="0.3")
         ax.text(4.3, n - 0.35, "after", ha="center", fontsize=8, color="0.3")
         ax.set_title(name, fontsize=10)
         ax.set_xlim(-1.1, 3.2 + w * n + 0.1)
         ax.set_ylim(-0.6, n - 0.1)
         ax.axis("off")
-    for ax in list(axes.flat)[len(names):]:
+    for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
     fig.tight_layout()
     return fig
@@ -130,30 +171,53 @@ def ring_steps(n: int = 4) -> plt.Figure:
         for r in range(n):
             for c in range(n):
                 done = count[r, c] == n
-                ax.text(c - 0.15, r, str(count[r, c]), ha="center", va="center", fontsize=9,
-                        color="white" if done else "black", fontweight="bold" if done else None)
+                ax.text(
+                    c - 0.15,
+                    r,
+                    str(count[r, c]),
+                    ha="center",
+                    va="center",
+                    fontsize=9,
+                    color="white" if done else "black",
+                    fontweight="bold" if done else None,
+                )
         for r, c in sends:
             dst = (r + 1) % n
-            ax.annotate("", xy=(c + 0.3, dst - 0.25 if dst > r else dst + 0.25),
-                        xytext=(c + 0.3, r + 0.25 if dst > r else r - 0.25),
-                        arrowprops={"arrowstyle": "-|>", "color": "crimson", "lw": 1.0,
-                                    "connectionstyle": "arc3,rad=-0.4" if dst > r else
-                                    "arc3,rad=0.25"})
+            ax.annotate(
+                "",
+                xy=(c + 0.3, dst - 0.25 if dst > r else dst + 0.25),
+                xytext=(c + 0.3, r + 0.25 if dst > r else r - 0.25),
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "color": "crimson",
+                    "lw": 1.0,
+                    "connectionstyle": "arc3,rad=-0.4" if dst > r else "arc3,rad=0.25",
+                },
+            )
         ax.set_title(title, fontsize=9)
         ax.set_xticks(range(n), [str(c) for c in range(n)], fontsize=7)
         ax.set_xlabel("chunk", fontsize=8)
         ax.set_yticks(range(n), [f"rank {r}" for r in range(n)], fontsize=7)
     legend = axes[1][n - 1]
     legend.axis("off")
-    legend.text(0.0, 0.5, "number: how many ranks' data\nthe chunk sums so far\n"
-                f"({n} = complete)\n\nred arrow: a send this step,\nrank r → rank r+1 "
-                f"(mod {n})", fontsize=9, va="center")
+    legend.text(
+        0.0,
+        0.5,
+        "number: how many ranks' data\nthe chunk sums so far\n"
+        f"({n} = complete)\n\nred arrow: a send this step,\nrank r → rank r+1 "
+        f"(mod {n})",
+        fontsize=9,
+        va="center",
+    )
     fig.tight_layout()
     return fig
 
 
-def allreduce_times(records: Sequence[Mapping[str, Any]], fit: Mapping[str, float] | None = None,
-                    ax: plt.Axes | None = None) -> plt.Axes:
+def allreduce_times(
+    records: Sequence[Mapping[str, Any]],
+    fit: Mapping[str, float] | None = None,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Time per all-reduce vs message size, one line per algorithm (log–log), with the
     fitted α–β model ``fit = {"latency_s", "bandwidth", "world_size"}`` dashed."""
     if ax is None:
@@ -166,11 +230,18 @@ def allreduce_times(records: Sequence[Mapping[str, Any]], fit: Mapping[str, floa
         from lab_utils.collectives import ring_time
 
         sizes = np.geomspace(min(r["nbytes"] for r in rows), max(r["nbytes"] for r in rows), 50)
-        model = [ring_time(s, int(fit["world_size"]), fit["latency_s"], fit["bandwidth"]) * 1e3
-                 for s in sizes]
-        ax.plot(sizes, model, "k--", lw=1,
-                label=f"2(N−1)α + 2(N−1)/N·S/B: α={fit['latency_s'] * 1e6:.0f} µs, "
-                      f"B={fit['bandwidth'] / 1e9:.2f} GB/s")
+        model = [
+            ring_time(s, int(fit["world_size"]), fit["latency_s"], fit["bandwidth"]) * 1e3
+            for s in sizes
+        ]
+        ax.plot(
+            sizes,
+            model,
+            "k--",
+            lw=1,
+            label=f"2(N−1)α + 2(N−1)/N·S/B: α={fit['latency_s'] * 1e6:.0f} µs, "
+            f"B={fit['bandwidth'] / 1e9:.2f} GB/s",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes)")
@@ -180,8 +251,9 @@ def allreduce_times(records: Sequence[Mapping[str, Any]], fit: Mapping[str, floa
     return ax
 
 
-def fit_ring_model(records: Sequence[Mapping[str, Any]], algo: str = "ring (ours)"
-                   ) -> dict[str, float]:
+def fit_ring_model(
+    records: Sequence[Mapping[str, Any]], algo: str = "ring (ours)"
+) -> dict[str, float]:
     """Least-squares α (latency) and B (bandwidth) of ``T = 2(N−1)α + 2(N−1)/N·S/B``
     from the timing records of one algorithm."""
     rows = [r for r in records if r.get("event") == "timing" and r["algo"] == algo]
@@ -197,8 +269,13 @@ def fit_ring_model(records: Sequence[Mapping[str, Any]], algo: str = "ring (ours
     return {"latency_s": float(alpha), "bandwidth": float(1.0 / inv_b), "world_size": n}
 
 
-def traffic_by_n(ns: Sequence[int], ring_bytes: Sequence[float], server_bytes: Sequence[float],
-                 nbytes: float, ax: plt.Axes | None = None) -> plt.Axes:
+def traffic_by_n(
+    ns: Sequence[int],
+    ring_bytes: Sequence[float],
+    server_bytes: Sequence[float],
+    nbytes: float,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Bytes through the busiest process per all-reduce of ``nbytes``: ring vs server."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
@@ -214,8 +291,9 @@ def traffic_by_n(ns: Sequence[int], ring_bytes: Sequence[float], server_bytes: S
 
 
 # --------------------------------------------------------------------------- DDP
-def param_differences(a: Mapping[str, Any], b: Mapping[str, Any], *, label: str = "",
-                      ax: plt.Axes | None = None) -> plt.Axes:
+def param_differences(
+    a: Mapping[str, Any], b: Mapping[str, Any], *, label: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """Largest absolute difference per parameter tensor of two state dicts (log scale)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3))
@@ -232,8 +310,16 @@ def param_differences(a: Mapping[str, Any], b: Mapping[str, Any], *, label: str 
     return ax
 
 
-def _bars_and_calls(ax: plt.Axes, labels: list[str], ms: list[float], calls: list[float],
-                    color: str, xlabel: str, per: str, title: str) -> None:
+def _bars_and_calls(
+    ax: plt.Axes,
+    labels: list[str],
+    ms: list[float],
+    calls: list[float],
+    color: str,
+    xlabel: str,
+    per: str,
+    title: str,
+) -> None:
     """Milliseconds per ``per`` as bars, all-reduce calls per ``per`` as a red line."""
     x = np.arange(len(labels))
     ax.bar(x, ms, color=color, alpha=0.7)
@@ -250,19 +336,31 @@ def _bars_and_calls(ax: plt.Axes, labels: list[str], ms: list[float], calls: lis
 def ddp_knobs(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
     """Bucket size (all-reduce calls and time per step) and no_sync accumulation
     (all-reduce calls and time per micro-batch), from ``ddp_bench.py``'s records."""
-    buckets = sorted((r for r in records if r.get("event") == "bucket"),
-                     key=lambda r: r["bucket_cap_mb"])
+    buckets = sorted(
+        (r for r in records if r.get("event") == "bucket"), key=lambda r: r["bucket_cap_mb"]
+    )
     accum = sorted((r for r in records if r.get("event") == "accum"), key=lambda r: r["accum"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    _bars_and_calls(ax1, [f"{r['bucket_cap_mb']:g} MB" for r in buckets],
-                    [r["seconds_per_step"] * 1e3 for r in buckets],
-                    [r["allreduce_calls_per_step"] for r in buckets], "tab:blue",
-                    "bucket_cap_mb", "step", "gradient buckets")
-    _bars_and_calls(ax2, [str(r["accum"]) for r in accum],
-                    [r["seconds_per_micro_batch"] * 1e3 for r in accum],
-                    [r["allreduce_calls_per_micro_batch"] for r in accum], "tab:green",
-                    "micro-batches per optimiser step (no_sync on all but the last)",
-                    "micro-batch", "gradient accumulation with no_sync")
+    _bars_and_calls(
+        ax1,
+        [f"{r['bucket_cap_mb']:g} MB" for r in buckets],
+        [r["seconds_per_step"] * 1e3 for r in buckets],
+        [r["allreduce_calls_per_step"] for r in buckets],
+        "tab:blue",
+        "bucket_cap_mb",
+        "step",
+        "gradient buckets",
+    )
+    _bars_and_calls(
+        ax2,
+        [str(r["accum"]) for r in accum],
+        [r["seconds_per_micro_batch"] * 1e3 for r in accum],
+        [r["allreduce_calls_per_micro_batch"] for r in accum],
+        "tab:green",
+        "micro-batches per optimiser step (no_sync on all but the last)",
+        "micro-batch",
+        "gradient accumulation with no_sync",
+    )
     fig.tight_layout()
     return fig
 
@@ -311,8 +409,9 @@ def read_timeline(path: str | Path) -> list[Span]:
     return spans
 
 
-def horovod_timeline(spans: Sequence[Span], *, max_tensors: int = 12,
-                     window: tuple[float, float] | None = None) -> plt.Figure:
+def horovod_timeline(
+    spans: Sequence[Span], *, max_tensors: int = 12, window: tuple[float, float] | None = None
+) -> plt.Figure:
     """Gantt chart of a Horovod timeline: one row per tensor, one colour per activity;
     phases nested in another (e.g. GLOO_ALLREDUCE inside ALLREDUCE) are drawn thinner."""
     tensors = list(dict.fromkeys(s.tensor for s in spans))[:max_tensors]
@@ -322,10 +421,20 @@ def horovod_timeline(spans: Sequence[Span], *, max_tensors: int = 12,
     for row, t in enumerate(tensors):
         mine = sorted((s for s in spans if s.tensor == t), key=lambda s: s.start - s.end)
         for s in mine:  # longest first, so the phases nested inside stay visible on top
-            inside = any(o is not s and o.start <= s.start and s.end <= o.end
-                         and o.end - o.start > s.end - s.start for o in mine)
-            ax.barh(row, max(s.end - s.start, 1e-5) * 1e3, left=s.start * 1e3,
-                    height=0.35 if inside else 0.75, color=colors[s.activity])
+            inside = any(
+                o is not s
+                and o.start <= s.start
+                and s.end <= o.end
+                and o.end - o.start > s.end - s.start
+                for o in mine
+            )
+            ax.barh(
+                row,
+                max(s.end - s.start, 1e-5) * 1e3,
+                left=s.start * 1e3,
+                height=0.35 if inside else 0.75,
+                color=colors[s.activity],
+            )
     ax.set_yticks(range(len(tensors)), [_short(t) for t in tensors], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
@@ -339,23 +448,40 @@ def horovod_timeline(spans: Sequence[Span], *, max_tensors: int = 12,
 
 
 def _short(name: str, limit: int = 40) -> str:
-    return name if len(name) <= limit else "…" + name[-limit + 1:]
+    return name if len(name) <= limit else "…" + name[-limit + 1 :]
 
 
 # ----------------------------------------------------------------------- scaling
-def scaling(throughput: Mapping[int, float], efficiency: Mapping[int, float], *,
-            cores: int | None = None) -> plt.Figure:
+def scaling(
+    throughput: Mapping[int, float], efficiency: Mapping[int, float], *, cores: int | None = None
+) -> plt.Figure:
     """Throughput (with the ideal linear line) and scaling efficiency per process count;
     counts beyond ``cores`` are shaded as oversubscribed."""
     ns = sorted(throughput)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax1.bar([str(n) for n in ns], [throughput[n] for n in ns], color="tab:blue", alpha=0.75,
-            label="measured")
-    ax1.plot([str(n) for n in ns], [throughput[ns[0]] * n / ns[0] for n in ns], "k--",
-             marker="o", label="ideal (linear)")
+    ax1.bar(
+        [str(n) for n in ns],
+        [throughput[n] for n in ns],
+        color="tab:blue",
+        alpha=0.75,
+        label="measured",
+    )
+    ax1.plot(
+        [str(n) for n in ns],
+        [throughput[ns[0]] * n / ns[0] for n in ns],
+        "k--",
+        marker="o",
+        label="ideal (linear)",
+    )
     if cores is not None and any(n > cores for n in ns):
-        ax1.plot([str(n) for n in ns], [throughput[ns[0]] * min(n, cores) / ns[0] for n in ns],
-                 ":", color="crimson", marker="s", label=f"at best, on {cores} cores")
+        ax1.plot(
+            [str(n) for n in ns],
+            [throughput[ns[0]] * min(n, cores) / ns[0] for n in ns],
+            ":",
+            color="crimson",
+            marker="s",
+            label=f"at best, on {cores} cores",
+        )
     ax1.set_xlabel("processes")
     ax1.set_ylabel("samples / s")
     ax1.legend(fontsize=8)
@@ -369,8 +495,14 @@ def scaling(throughput: Mapping[int, float], efficiency: Mapping[int, float], *,
             over = [i for i, n in enumerate(ns) if n > cores]
             if over:
                 ax.axvspan(over[0] - 0.5, len(ns) - 0.5, color="0.85", zorder=0)
-                ax.text(over[0], ax.get_ylim()[1] * 0.55, f"> {cores} cores:\noversubscribed",
-                        ha="center", va="top", fontsize=8)
+                ax.text(
+                    over[0],
+                    ax.get_ylim()[1] * 0.55,
+                    f"> {cores} cores:\noversubscribed",
+                    ha="center",
+                    va="top",
+                    fontsize=8,
+                )
     fig.tight_layout()
     return fig
 
@@ -436,14 +568,17 @@ def diff_steps(old: str, new: str) -> list[DiffStep]:
             segments.append((int(m.group(1)) if m else 0, j1, []))
         bounds = [s[1] for s in segments[1:]] + [j2]
         for line in a[i1:i2]:
-            best = max(range(len(segments)), key=lambda k: max(
-                (_likeness(line, t) for t in b[segments[k][1]:bounds[k]]), default=(0, 0.0)))
+            best = max(
+                range(len(segments)),
+                key=lambda k: max(
+                    (_likeness(line, t) for t in b[segments[k][1] : bounds[k]]), default=(0, 0.0)
+                ),
+            )
             segments[best][2].append(line)
         for (tag, start, removed), stop in zip(segments, bounds, strict=True):
             before = [(" ", b[start - 1])] if start > 0 else []
             after = [(" ", b[stop])] if stop < len(b) else []
-            lines = (before + [("-", t) for t in removed] + [("+", t) for t in b[start:stop]]
-                     + after)
+            lines = before + [("-", t) for t in removed] + [("+", t) for t in b[start:stop]] + after
             steps.setdefault(tag, []).append(tuple(lines))
     return [DiffStep(k, tuple(v)) for k, v in sorted(steps.items())]
 
@@ -457,21 +592,33 @@ def _likeness(a: str, b: str) -> tuple[int, float]:
 
 def diff_html(step: DiffStep, title: str = "") -> str:
     """One step's hunks as coloured HTML (green added, red removed)."""
-    style = {"+": "background:#e6ffec;color:#1a7f37", "-": "background:#ffebe9;color:#cf222e",
-             " ": "color:#57606a"}
-    parts = [f"<div style='font-weight:bold;margin-top:0.6em'>{html.escape(title)}</div>"
-             if title else ""]
+    style = {
+        "+": "background:#e6ffec;color:#1a7f37",
+        "-": "background:#ffebe9;color:#cf222e",
+        " ": "color:#57606a",
+    }
+    parts = [
+        f"<div style='font-weight:bold;margin-top:0.6em'>{html.escape(title)}</div>"
+        if title
+        else ""
+    ]
     for hunk in step.hunks:
-        rows = "".join(f"<div style='{style[k]}'>{html.escape(k + ' ' + t) or '&nbsp;'}</div>"
-                       for k, t in hunk)
-        parts.append("<pre style='font-size:11px;line-height:1.25;margin:0.3em 0;padding:0.3em;"
-                     f"border:1px solid #d0d7de'>{rows}</pre>")
+        rows = "".join(
+            f"<div style='{style[k]}'>{html.escape(k + ' ' + t) or '&nbsp;'}</div>" for k, t in hunk
+        )
+        parts.append(
+            "<pre style='font-size:11px;line-height:1.25;margin:0.3em 0;padding:0.3em;"
+            f"border:1px solid #d0d7de'>{rows}</pre>"
+        )
     return "".join(parts)
 
 
-def show_diff(old_path: str | Path, new_path: str | Path,
-              names: Mapping[int, str] | None = None,
-              only: Sequence[int] | None = None) -> list[DiffStep]:
+def show_diff(
+    old_path: str | Path,
+    new_path: str | Path,
+    names: Mapping[int, str] | None = None,
+    only: Sequence[int] | None = None,
+) -> list[DiffStep]:
     """Display the conversion of ``old_path`` into ``new_path`` step by step (HTML in a
     notebook, plain text elsewhere), or only the steps ``only``; return all steps."""
     steps = diff_steps(Path(old_path).read_text(), Path(new_path).read_text())
@@ -492,17 +639,26 @@ def show_diff(old_path: str | Path, new_path: str | Path,
     return steps
 
 
-def accuracy_vs_time(evals: Mapping[int, Sequence[Mapping[str, float]]], target: float,
-                     reached: Mapping[int, float | None], *,
-                     cores: int | None = None) -> plt.Figure:
+def accuracy_vs_time(
+    evals: Mapping[int, Sequence[Mapping[str, float]]],
+    target: float,
+    reached: Mapping[int, float | None],
+    *,
+    cores: int | None = None,
+) -> plt.Figure:
     """Test accuracy against seconds of training for each process count (left), and the
     time each took to reach ``target`` (right; counts beyond ``cores`` hatched: they took
     turns on the cores, so their time says little)."""
     ns = sorted(evals)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     for n in ns:
-        ax1.plot([e["seconds"] for e in evals[n]], [100 * e["val_acc"] for e in evals[n]],
-                 marker="o", ms=3, label=f"N = {n}")
+        ax1.plot(
+            [e["seconds"] for e in evals[n]],
+            [100 * e["val_acc"] for e in evals[n]],
+            marker="o",
+            ms=3,
+            label=f"N = {n}",
+        )
     ax1.axhline(100 * target, color="k", ls="--", lw=1, label=f"target {target:.1%}")
     ax1.set_xlabel("seconds of training (evaluations left out)")
     ax1.set_ylabel("test accuracy (%)")
@@ -514,8 +670,14 @@ def accuracy_vs_time(evals: Mapping[int, Sequence[Mapping[str, float]]], target:
         if cores is not None and n > cores:
             bar.set_hatch("//")
         if reached[n] is None:
-            ax2.text(bar.get_x() + bar.get_width() / 2, 0, "not\nreached", ha="center",
-                     va="bottom", fontsize=8)
+            ax2.text(
+                bar.get_x() + bar.get_width() / 2,
+                0,
+                "not\nreached",
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax2.set_xlabel("processes" + (f" (hatched: more than {cores} cores)" if cores else ""))
     ax2.set_ylabel("seconds to the target")
     for ax in (ax1, ax2):

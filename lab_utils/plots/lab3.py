@@ -18,8 +18,12 @@ def scaling_rules(base_lr: float, base_batch: int, batches: Sequence[int]) -> pl
     """The learning rate each scaling rule gives as the batch grows (log-log)."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for rule, style in (("linear", "-o"), ("sqrt", "-s"), ("none", "--")):
-        ax.plot(batches, [optim.scale_lr(base_lr, base_batch, b, rule) for b in batches], style,
-                label=rule)
+        ax.plot(
+            batches,
+            [optim.scale_lr(base_lr, base_batch, b, rule) for b in batches],
+            style,
+            label=rule,
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("batch size")
@@ -31,14 +35,16 @@ def scaling_rules(base_lr: float, base_batch: int, batches: Sequence[int]) -> pl
     return fig
 
 
-def schedules(factors: Mapping[str, Callable[[int], float]], steps: int,
-              ax: plt.Axes | None = None) -> plt.Axes:
+def schedules(
+    factors: Mapping[str, Callable[[int], float]], steps: int, ax: plt.Axes | None = None
+) -> plt.Axes:
     """Learning-rate factors per optimiser step (e.g. warm-up then decay)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     x = np.arange(steps)
-    for (label, f), style in zip(factors.items(), itertools.cycle(("-", "--", ":", "-.")),
-                                 strict=False):
+    for (label, f), style in zip(
+        factors.items(), itertools.cycle(("-", "--", ":", "-.")), strict=False
+    ):
         ax.plot(x, [f(int(s)) for s in x], style, label=label, lw=2)
     ax.set_xlabel("optimiser step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
@@ -55,9 +61,16 @@ def _smooth(y: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(y, kernel, mode="valid")
 
 
-def loss_per_step(results: Sequence[Any], *, x: str = "samples", smooth: int = 1,
-                  logy: bool = True, title: str = "", max_steps: int | None = None,
-                  ax: plt.Axes | None = None) -> plt.Axes:
+def loss_per_step(
+    results: Sequence[Any],
+    *,
+    x: str = "samples",
+    smooth: int = 1,
+    logy: bool = True,
+    title: str = "",
+    max_steps: int | None = None,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Training loss per update of several runs (``Result`` objects from the lab).
 
     ``x="samples"`` puts runs with different batches on the same axis (epochs of
@@ -72,7 +85,7 @@ def loss_per_step(results: Sequence[Any], *, x: str = "samples", smooth: int = 1
             continue
         loss = np.where(np.isfinite(loss), loss, np.nan)
         y = _smooth(loss, smooth)
-        xs = np.arange(len(loss))[len(loss) - len(y):] + 1
+        xs = np.arange(len(loss))[len(loss) - len(y) :] + 1
         if x == "samples":
             xs = xs * r.run.batch
         ax.plot(xs, y, label=r.run.label + (" (diverged)" if r.diverged else ""))
@@ -88,8 +101,13 @@ def loss_per_step(results: Sequence[Any], *, x: str = "samples", smooth: int = 1
     return ax
 
 
-def accuracy_bars(results: Sequence[Any], *, title: str = "", baseline: float | None = None,
-                  ax: plt.Axes | None = None) -> plt.Axes:
+def accuracy_bars(
+    results: Sequence[Any],
+    *,
+    title: str = "",
+    baseline: float | None = None,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Test accuracy of each run as a bar, labelled with its number of updates.
 
     The axis is zoomed on the runs that trained; a diverged run is drawn as a red
@@ -100,14 +118,21 @@ def accuracy_bars(results: Sequence[Any], *, title: str = "", baseline: float | 
     acc = [100 * r.test_acc for r in results]
     ok = [a for a, r in zip(acc, results, strict=True) if not r.diverged] or acc
     lo, hi = max(0.0, min(ok) - 8), min(100.0, max(ok) + 8)
-    heights = [a if not r.diverged else lo + 0.04 * (hi - lo) for a, r in
-               zip(acc, results, strict=True)]
-    bars = ax.bar(range(len(results)), heights,
-                  color=["C3" if r.diverged else "C0" for r in results])
+    heights = [
+        a if not r.diverged else lo + 0.04 * (hi - lo) for a, r in zip(acc, results, strict=True)
+    ]
+    bars = ax.bar(
+        range(len(results)), heights, color=["C3" if r.diverged else "C0" for r in results]
+    )
     for bar, a, r in zip(bars, acc, results, strict=True):
         text = "diverged" if r.diverged else f"{a:.1f}%\n{r.updates} upd."
-        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize="small")
+        ax.annotate(
+            text,
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize="small",
+        )
     if baseline is not None:
         ax.axhline(100 * baseline, color="k", ls="--", lw=1, label="baseline")
         ax.legend(loc="upper right")
@@ -120,15 +145,17 @@ def accuracy_bars(results: Sequence[Any], *, title: str = "", baseline: float | 
     return ax
 
 
-def accuracy_per_epoch(results: Sequence[Any], *, key: str = "val_acc", title: str = "",
-                       ax: plt.Axes | None = None) -> plt.Axes:
+def accuracy_per_epoch(
+    results: Sequence[Any], *, key: str = "val_acc", title: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """Validation accuracy after each epoch of several runs."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         ep = [row["epoch"] for row in r.epochs if key in row]
-        ax.plot(ep, [100 * row[key] for row in r.epochs if key in row], marker="o",
-                label=r.run.label)
+        ax.plot(
+            ep, [100 * row[key] for row in r.epochs if key in row], marker="o", label=r.run.label
+        )
     ax.set_xlabel("epoch")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation accuracy (%)" if key == "val_acc" else key)
@@ -139,15 +166,20 @@ def accuracy_per_epoch(results: Sequence[Any], *, key: str = "val_acc", title: s
     return ax
 
 
-def accuracy_vs_updates(results: Sequence[Any], *, title: str = "",
-                        ax: plt.Axes | None = None) -> plt.Axes:
+def accuracy_vs_updates(
+    results: Sequence[Any], *, title: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """Validation accuracy against the number of optimiser updates so far."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     for r in results:
         rows = [row for row in r.epochs if "val_acc" in row]
-        ax.plot([row["step"] for row in rows], [100 * row["val_acc"] for row in rows],
-                marker="o", label=f"{r.run.label} ({r.updates} updates)")
+        ax.plot(
+            [row["step"] for row in rows],
+            [100 * row["val_acc"] for row in rows],
+            marker="o",
+            label=f"{r.run.label} ({r.updates} updates)",
+        )
     ax.set_xlabel("optimiser updates")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("validation accuracy (%)")
@@ -158,14 +190,20 @@ def accuracy_vs_updates(results: Sequence[Any], *, title: str = "",
     return ax
 
 
-def trust_ratios(records: Sequence[Mapping[str, float]], *, title: str = "",
-                 skip_constant: bool = True, ax: plt.Axes | None = None) -> plt.Axes:
+def trust_ratios(
+    records: Sequence[Mapping[str, float]],
+    *,
+    title: str = "",
+    skip_constant: bool = True,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Per-layer trust ratios over training (from ``optim.TrustRatioRecorder``)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     if not records:
-        raise ValueError("no trust ratios recorded: train with LARS or LAMB and a "
-                         "TrustRatioRecorder callback")
+        raise ValueError(
+            "no trust ratios recorded: train with LARS or LAMB and a TrustRatioRecorder callback"
+        )
     names = [k for k in records[0] if k != "step"]
     steps = [r["step"] for r in records]
     for name in names:
@@ -183,8 +221,9 @@ def trust_ratios(records: Sequence[Mapping[str, float]], *, title: str = "",
     return ax
 
 
-def layer_norms(names: Sequence[str], w_norms: Sequence[float], g_norms: Sequence[float]
-                ) -> plt.Figure:
+def layer_norms(
+    names: Sequence[str], w_norms: Sequence[float], g_norms: Sequence[float]
+) -> plt.Figure:
     """‖w‖, ‖g‖ and their ratio for each layer: why one learning rate cannot suit all."""
     fig, (ax_n, ax_r) = plt.subplots(1, 2, figsize=(11, 3.8))
     x = np.arange(len(names))
@@ -205,21 +244,28 @@ def layer_norms(names: Sequence[str], w_norms: Sequence[float], g_norms: Sequenc
     return fig
 
 
-def batch_growth(growth: optim.BatchGrowth, base_lr: float, epochs: int, gamma: float
-                 ) -> plt.Figure:
+def batch_growth(
+    growth: optim.BatchGrowth, base_lr: float, epochs: int, gamma: float
+) -> plt.Figure:
     """Batch size and learning rate per epoch: decay the LR or grow the batch."""
     e = np.arange(epochs + 1)  # the last value drawn to the end of training
     during = [min(int(x), epochs - 1) for x in e]
     decay = [base_lr * gamma ** sum(x >= m for m in growth.milestones) for x in during]
     fig, (ax_lr, ax_b) = plt.subplots(1, 2, figsize=(10, 3.5))
     ax_lr.step(e, decay, where="post", label="LR decay")
-    ax_lr.step(e, [base_lr * growth.lr_factor(x) for x in during], where="post",
-               label="batch growth", ls="--")
+    ax_lr.step(
+        e,
+        [base_lr * growth.lr_factor(x) for x in during],
+        where="post",
+        label="batch growth",
+        ls="--",
+    )
     ax_lr.set_ylabel("learning rate")
     ax_lr.set_yscale("log")
     ax_b.step(e, [growth.base_batch] * len(e), where="post", label="LR decay")
-    ax_b.step(e, [growth.batch_size(x) for x in during], where="post", label="batch growth",
-              ls="--")
+    ax_b.step(
+        e, [growth.batch_size(x) for x in during], where="post", label="batch growth", ls="--"
+    )
     ax_b.set_ylabel("batch size")
     ax_b.set_yscale("log", base=2)
     for ax in (ax_lr, ax_b):

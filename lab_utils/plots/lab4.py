@@ -13,7 +13,9 @@ from lab_utils import timeline
 KIND_COLORS = {"F": "#4c72b0", "B": "#55a868"}
 
 
-def schedule_grid(events: Sequence[Mapping], ax: plt.Axes | None = None, title: str = "") -> plt.Axes:
+def schedule_grid(
+    events: Sequence[Mapping], ax: plt.Axes | None = None, title: str = ""
+) -> plt.Axes:
     """One row per rank, one box per forward (blue) or backward (green) of a
     micro-batch, at its measured start and length; white space is idle time."""
     if ax is None:
@@ -23,11 +25,23 @@ def schedule_grid(events: Sequence[Mapping], ax: plt.Axes | None = None, title: 
     for e in events:
         y = e["rank"]
         x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
-        ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=KIND_COLORS[e["kind"]],
-                       edgecolors="white", linewidth=0.5)
+        ax.broken_barh(
+            [(x, w)],
+            (y - 0.4, 0.8),
+            facecolors=KIND_COLORS[e["kind"]],
+            edgecolors="white",
+            linewidth=0.5,
+        )
         if w > (t1 - t0) * 1e3 / 60:
-            ax.text(x + w / 2, y, f"{e['kind']}{e['mb']}", ha="center", va="center",
-                    color="white", fontsize=7)
+            ax.text(
+                x + w / 2,
+                y,
+                f"{e['kind']}{e['mb']}",
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=7,
+            )
     ax.set_yticks(ranks, [f"stage {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, -0.6)
     ax.set_xlim(0, (t1 - t0) * 1e3)
@@ -40,9 +54,13 @@ def schedule_grids(runs: Sequence[Mapping], title: str = "") -> plt.Figure:
     """:func:`schedule_grid` for several pipeline runs, one panel each."""
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.8), squeeze=False)
     for ax, run in zip(axes[:, 0], runs):
-        schedule_grid(run["events"], ax, f"{run['schedule']}, m={run['microbatches']}: bubble "
-                      f"{run['bubble']:.0%} measured, {run['replay_bubble']:.0%} replayed, "
-                      f"{run['ideal_bubble']:.0%} formula")
+        schedule_grid(
+            run["events"],
+            ax,
+            f"{run['schedule']}, m={run['microbatches']}: bubble "
+            f"{run['bubble']:.0%} measured, {run['replay_bubble']:.0%} replayed, "
+            f"{run['ideal_bubble']:.0%} formula",
+        )
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
     fig.suptitle(title or "per-stage timeline (blue F = forward, green B = backward)", fontsize=10)
@@ -63,9 +81,18 @@ def bubble_vs_microbatches(runs: Sequence[Mapping], p: int, ax: plt.Axes | None 
         if not mine:
             continue
         m_of = [r["microbatches"] for r in mine]
-        ax.plot(m_of, [r["bubble"] for r in mine], marker=marker, color=color, label=f"{name} measured")
-        ax.plot(m_of, [r["replay_bubble"] for r in mine], marker=marker, color=color, ls=":",
-                mfc="none", label=f"{name} replayed")
+        ax.plot(
+            m_of, [r["bubble"] for r in mine], marker=marker, color=color, label=f"{name} measured"
+        )
+        ax.plot(
+            m_of,
+            [r["replay_bubble"] for r in mine],
+            marker=marker,
+            color=color,
+            ls=":",
+            mfc="none",
+            label=f"{name} replayed",
+        )
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (idle share)")
     ax.set_ylim(0, 1)
@@ -74,8 +101,13 @@ def bubble_vs_microbatches(runs: Sequence[Mapping], p: int, ax: plt.Axes | None 
     return ax
 
 
-def stacked_bytes(rows: Mapping[str, Mapping[str, float]], ax: plt.Axes | None = None,
-                  unit: float = 2**20, unit_name: str = "MiB", title: str = "") -> plt.Axes:
+def stacked_bytes(
+    rows: Mapping[str, Mapping[str, float]],
+    ax: plt.Axes | None = None,
+    unit: float = 2**20,
+    unit_name: str = "MiB",
+    title: str = "",
+) -> plt.Axes:
     """Stacked bars: for each row (a strategy or a setting) its bytes per kind."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.2))
@@ -111,27 +143,44 @@ def stage_timeline(run: Mapping, ax: plt.Axes | None = None) -> plt.Axes:
     for e in events:
         x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
         later = e["stage"] != firsts[e["rank"]]
-        ax.broken_barh([(x, w)], (e["rank"] - 0.4, 0.8), facecolors=STAGE_KIND_COLORS[e["kind"]],
-                       alpha=0.6 if later else 1.0, edgecolors="white", linewidth=0.5)
+        ax.broken_barh(
+            [(x, w)],
+            (e["rank"] - 0.4, 0.8),
+            facecolors=STAGE_KIND_COLORS[e["kind"]],
+            alpha=0.6 if later else 1.0,
+            edgecolors="white",
+            linewidth=0.5,
+        )
         if w > (t1 - t0) * 1e3 / 45:
-            ax.text(x + w / 2, e["rank"], f"{e['stage']}{e['kind']}{e['mb']}", ha="center",
-                    va="center", color="white", fontsize=6)
+            ax.text(
+                x + w / 2,
+                e["rank"],
+                f"{e['stage']}{e['kind']}{e['mb']}",
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=6,
+            )
     ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, -0.6)
     ax.set_xlim(0, (t1 - t0) * 1e3)
     ax.set_xlabel("ms since the step began")
     formula = run.get("formula_ratio")
-    ax.set_title(f"{run['schedule']} (v={run['virtual']}), m={run['microbatches']}: bubble "
-                 f"{run['bubble']:.0%} measured, {run['replay_bubble']:.0%} replayed"
-                 + (f", {formula / (1 + formula):.0%} formula" if formula is not None else ""),
-                 fontsize=9, loc="left")
+    ax.set_title(
+        f"{run['schedule']} (v={run['virtual']}), m={run['microbatches']}: bubble "
+        f"{run['bubble']:.0%} measured, {run['replay_bubble']:.0%} replayed"
+        + (f", {formula / (1 + formula):.0%} formula" if formula is not None else ""),
+        fontsize=9,
+        loc="left",
+    )
     return ax
 
 
 def stage_timelines(runs: Sequence[Mapping]) -> plt.Figure:
     """:func:`stage_timeline` for several schedules, one panel each, on one time axis."""
-    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.8), squeeze=False,
-                             sharex=True)
+    fig, axes = plt.subplots(
+        len(runs), 1, figsize=(10, 1.3 * len(runs) + 0.8), squeeze=False, sharex=True
+    )
     for ax, run in zip(axes[:, 0], runs):
         stage_timeline(run, ax)
     right = max(ax.get_xlim()[1] for ax in axes[:, 0])
@@ -139,8 +188,11 @@ def stage_timelines(runs: Sequence[Mapping]) -> plt.Figure:
         ax.set_xlim(0, right)
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
-    fig.suptitle("per-rank timeline: blue F = forward, green B = backward (inputs), "
-                 "orange W = backward (weights), pale = the rank's later stage", fontsize=9)
+    fig.suptitle(
+        "per-rank timeline: blue F = forward, green B = backward (inputs), "
+        "orange W = backward (weights), pale = the rank's later stage",
+        fontsize=9,
+    )
     fig.tight_layout()
     return fig
 
@@ -153,12 +205,26 @@ def bubbles_by_schedule(runs: Sequence[Mapping], ax: plt.Axes | None = None) -> 
     labels = [f"{r['schedule']}\nm={r['microbatches']}" for r in runs]
     xs = np.arange(len(runs))
     ax.bar(xs, [r["bubble"] for r in runs], color="#bbbbbb", label="measured")
-    ax.scatter(xs, [r["replay_bubble"] for r in runs], marker="_", s=400, color="k",
-               label="replayed (this run's block times)")
-    ratios = [(x, r["formula_ratio"]) for x, r in zip(xs, runs) if r.get("formula_ratio") is not None]
+    ax.scatter(
+        xs,
+        [r["replay_bubble"] for r in runs],
+        marker="_",
+        s=400,
+        color="k",
+        label="replayed (this run's block times)",
+    )
+    ratios = [
+        (x, r["formula_ratio"]) for x, r in zip(xs, runs) if r.get("formula_ratio") is not None
+    ]
     if ratios:
-        ax.scatter([x for x, _ in ratios], [q / (1 + q) for _, q in ratios], marker="_", s=400,
-                   color="C3", label="formula (equal blocks, free messages)")
+        ax.scatter(
+            [x for x, _ in ratios],
+            [q / (1 + q) for _, q in ratios],
+            marker="_",
+            s=400,
+            color="C3",
+            label="formula (equal blocks, free messages)",
+        )
     ax.set_xticks(xs, labels, fontsize=7)
     ax.set_ylabel("bubble (idle share)")
     ax.set_ylim(0, 1)
@@ -166,12 +232,14 @@ def bubbles_by_schedule(runs: Sequence[Mapping], ax: plt.Axes | None = None) -> 
     return ax
 
 
-def tokens_per_expert(panels: Mapping[str, Sequence[int]], capacity: int | None = None,
-                      title: str = "") -> plt.Figure:
+def tokens_per_expert(
+    panels: Mapping[str, Sequence[int]], capacity: int | None = None, title: str = ""
+) -> plt.Figure:
     """One bar chart per panel: the choices each expert received (before the capacity cut),
     with the capacity as a dashed line (what lies above it was dropped)."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.2 * len(panels), 2.8), sharey=True, squeeze=False
+    )
     for ax, (name, counts) in zip(axes[0], panels.items()):
         ax.bar([str(e) for e in range(len(counts))], counts, color="#4c72b0")
         if capacity is not None:
@@ -195,8 +263,9 @@ def activations_vs_seq_len(rows: Sequence[Mapping], ax: plt.Axes | None = None) 
     ts = [r["seq_len"] for r in rows]
     ax.plot(ts, [r["one_process"] / 2**20 for r in rows], "k--o", label="one process")
     for rank in range(len(rows[0]["per_rank"])):
-        ax.plot(ts, [r["per_rank"][rank] / 2**20 for r in rows], marker="s",
-                label=f"ring, rank {rank}")
+        ax.plot(
+            ts, [r["per_rank"][rank] / 2**20 for r in rows], marker="s", label=f"ring, rank {rank}"
+        )
     ax.set_xlabel("sequence length T")
     ax.set_ylabel("activations saved (MiB)")
     ax.set_xscale("log", base=2)

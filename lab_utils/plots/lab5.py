@@ -23,8 +23,12 @@ def staleness_histogram(runs: Mapping[str, Sequence[int]], cap: int = 10) -> plt
     for i, (label, values) in enumerate(runs.items()):
         counts = Counter(min(int(s), cap) for s in values)
         share = np.array([counts.get(int(x), 0) for x in xs]) / max(1, len(values))
-        ax.bar(xs + (i - (len(runs) - 1) / 2) * width, share, width=width,
-               label=f"{label}: mean {np.mean(values):.2f}, max {max(values)}")
+        ax.bar(
+            xs + (i - (len(runs) - 1) / 2) * width,
+            share,
+            width=width,
+            label=f"{label}: mean {np.mean(values):.2f}, max {max(values)}",
+        )
     ax.set_xticks(xs, [str(x) for x in xs[:-1]] + [f"≥{cap}"])
     ax.set_yscale("log")
     ax.set_xlabel("staleness (updates applied between the worker's pull and its push)")
@@ -40,10 +44,15 @@ def staleness_histogram(runs: Mapping[str, Sequence[int]], cap: int = 10) -> plt
 def accuracy_vs_time(evals: Mapping[str, Sequence[Mapping[str, float]]]) -> plt.Axes:
     """Test accuracy of the server's own model at evenly spaced update counts against wall
     time, one curve per run, each ending at the run's final model."""
-    series = {label: ([r["t"] for r in rows], [r["acc"] for r in rows])
-              for label, rows in evals.items()}
-    return curves(series, xlabel="wall time (s)", ylabel="test accuracy",
-                  title="parameter server: accuracy against wall time")
+    series = {
+        label: ([r["t"] for r in rows], [r["acc"] for r in rows]) for label, rows in evals.items()
+    }
+    return curves(
+        series,
+        xlabel="wall time (s)",
+        ylabel="test accuracy",
+        title="parameter server: accuracy against wall time",
+    )
 
 
 def throughput(rows: Sequence[Mapping[str, Any]]) -> plt.Figure:
@@ -55,12 +64,20 @@ def throughput(rows: Sequence[Mapping[str, Any]]) -> plt.Figure:
         raise ValueError(f"runs of different lengths in one sweep: {lengths} gradients per worker")
     fig, (ax, ax_busy) = plt.subplots(1, 2, figsize=(10, 3.8))
     for mode, shards in sorted({(r["mode"], r["shards"]) for r in rows}):
-        sel = sorted((r for r in rows if (r["mode"], r["shards"]) == (mode, shards)),
-                     key=lambda r: r["workers"])
+        sel = sorted(
+            (r for r in rows if (r["mode"], r["shards"]) == (mode, shards)),
+            key=lambda r: r["workers"],
+        )
         name = f"{mode}, {shards} shard{'s' if shards > 1 else ''}"
-        ax.plot([r["workers"] for r in sel], [r["grads_per_s"] for r in sel], marker="o", label=name)
-        ax_busy.plot([r["workers"] for r in sel], [100 * max(r["server_busy"]) for r in sel],
-                     marker="o", label=name)
+        ax.plot(
+            [r["workers"] for r in sel], [r["grads_per_s"] for r in sel], marker="o", label=name
+        )
+        ax_busy.plot(
+            [r["workers"] for r in sel],
+            [100 * max(r["server_busy"]) for r in sel],
+            marker="o",
+            label=name,
+        )
     ax.set_ylabel("gradients applied per second")
     ax.set_title(f"throughput ({lengths[0]} gradients per worker)")
     ax_busy.set_ylabel("busiest server: % of wall time updating")
@@ -84,16 +101,23 @@ def hogwild(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
     models = [m for m in ("dense", "sparse") if any(r["model"] == m for r in records)]
     x = np.arange(len(models))
     for j, (lock, name) in enumerate(((True, "lock"), (False, "no lock (Hogwild!)"))):
-        rec = [next((r for r in records if r["model"] == m and r["lock"] == lock), None)
-               for m in models]
-        for ax, key, scale in zip(axes, ("updates_per_s", "acc", "collided_when_overlapping"), (1, 1, 100),
-                                  strict=True):
+        rec = [
+            next((r for r in records if r["model"] == m and r["lock"] == lock), None)
+            for m in models
+        ]
+        for ax, key, scale in zip(
+            axes, ("updates_per_s", "acc", "collided_when_overlapping"), (1, 1, 100), strict=True
+        ):
             vals = [scale * r[key] if r else 0 for r in rec]
             ax.bar(x + (j - 0.5) * 0.38, vals, width=0.38, label=name)
-    panels = (("updates per second", "updates / s (both workers)"),
-              ("test accuracy", "accuracy of the shared model"),
-              ("overlapping writes: % of their weights\nthat the other write also wrote",
-               "% of the weights written"))
+    panels = (
+        ("updates per second", "updates / s (both workers)"),
+        ("test accuracy", "accuracy of the shared model"),
+        (
+            "overlapping writes: % of their weights\nthat the other write also wrote",
+            "% of the weights written",
+        ),
+    )
     for ax, (title, ylabel) in zip(axes, panels, strict=True):
         ax.set_xticks(x, [f"{m} model" for m in models])
         ax.set_title(title)
@@ -115,8 +139,14 @@ def easgd(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
         for tau in sorted({r["tau"] for r in records if r["method"] == method}):
             rows = [r for r in records if r["method"] == method and r["tau"] == tau]
             series[f"τ = {tau}"] = ([r["round"] for r in rows], [r["acc"] for r in rows])
-        curves(series, xlabel="rounds of communication (log)", ylabel="test accuracy",
-               title=method, logx=True, ax=ax)
+        curves(
+            series,
+            xlabel="rounds of communication (log)",
+            ylabel="test accuracy",
+            title=method,
+            logx=True,
+            ax=ax,
+        )
         ax.xaxis.set_major_formatter(ticker.ScalarFormatter())
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
     fig.tight_layout()
@@ -128,17 +158,36 @@ def fx_graph(gm: Any, title: str = "") -> plt.Figure:
     nodes = list(gm.graph.nodes)
     pos = {n: (0.0, -i) for i, n in enumerate(nodes)}
     fig, ax = plt.subplots(figsize=(6, 0.55 * len(nodes) + 0.5))
-    colours = {"placeholder": "#cde", "call_module": "#fdb", "call_function": "#dfd",
-               "call_method": "#dfd", "get_attr": "#eee", "output": "#cde"}
+    colours = {
+        "placeholder": "#cde",
+        "call_module": "#fdb",
+        "call_function": "#dfd",
+        "call_method": "#dfd",
+        "get_attr": "#eee",
+        "output": "#cde",
+    }
     for n in nodes:
         for inp in n.all_input_nodes:
             (x0, y0), (x1, y1) = pos[inp], pos[n]
             rad = 0.0 if y0 - y1 == 1 else 0.4
-            ax.annotate("", xy=(x1, y1 + 0.25), xytext=(x0, y0 - 0.25),
-                        arrowprops={"arrowstyle": "->", "connectionstyle": f"arc3,rad={rad}"})
-        target = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
-        ax.text(0, pos[n][1], f"{n.op}: {target}", ha="center", va="center", fontsize=9,
-                bbox={"boxstyle": "round", "fc": colours.get(n.op, "#fff")})
+            ax.annotate(
+                "",
+                xy=(x1, y1 + 0.25),
+                xytext=(x0, y0 - 0.25),
+                arrowprops={"arrowstyle": "->", "connectionstyle": f"arc3,rad={rad}"},
+            )
+        target = (
+            n.target if isinstance(n.target, str) else getattr(n.target, "__name__", str(n.target))
+        )
+        ax.text(
+            0,
+            pos[n][1],
+            f"{n.op}: {target}",
+            ha="center",
+            va="center",
+            fontsize=9,
+            bbox={"boxstyle": "round", "fc": colours.get(n.op, "#fff")},
+        )
     ax.set_xlim(-1.5, 1.5)
     ax.set_ylim(-len(nodes), 1)
     ax.axis("off")
@@ -148,9 +197,11 @@ def fx_graph(gm: Any, title: str = "") -> plt.Figure:
     return fig
 
 
-FAILURE_PARTS = (("restart_s", "restart (detect, stop, start, rendezvous, load)"),
-                 ("redo_s", "steps redone × median step time"),
-                 ("ckpt_s", "writing the run's checkpoints"))
+FAILURE_PARTS = (
+    ("restart_s", "restart (detect, stop, start, rendezvous, load)"),
+    ("redo_s", "steps redone × median step time"),
+    ("ckpt_s", "writing the run's checkpoints"),
+)
 
 
 def time_lost(rows: Sequence[Mapping[str, Any]]) -> plt.Axes:

@@ -10,9 +10,15 @@ import numpy as np
 
 
 # --------------------------------------------------------------------- 01–03
-def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, tuple[float, float]],
-             *, lines: Mapping[str, float] | None = None, title: str = "",
-             ax: plt.Axes | None = None) -> plt.Axes:
+def roofline(
+    peak_flops: float,
+    bandwidth: float,
+    points: Mapping[str, tuple[float, float]],
+    *,
+    lines: Mapping[str, float] | None = None,
+    title: str = "",
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """The roofline min(peak, intensity × bandwidth) on log axes, each operation at
     (intensity in FLOP/byte, achieved FLOP/s); ``lines`` marks intensities without a
     measured rate (vertical dashes)."""
@@ -27,8 +33,9 @@ def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, tuple[flo
     ax.axvline(ridge, color="grey", ls=":", lw=1, label=f"ridge point {ridge:.3g} FLOP/byte")
     markers = "osD^vP*Xh"
     for i, (name, (intensity, achieved)) in enumerate(points.items()):
-        ax.scatter(intensity, achieved / 1e9, s=45, zorder=3, marker=markers[i % len(markers)],
-                   label=name)
+        ax.scatter(
+            intensity, achieved / 1e9, s=45, zorder=3, marker=markers[i % len(markers)], label=name
+        )
     for name, intensity in (lines or {}).items():
         ax.axvline(intensity, color="tab:red", ls="--", lw=1, label=f"{name} (intensity only)")
     ax.set_xscale("log")
@@ -41,8 +48,9 @@ def roofline(peak_flops: float, bandwidth: float, points: Mapping[str, tuple[flo
     return ax
 
 
-def gradient_magnitudes(grads: np.ndarray, *, scale: float, title: str = "",
-                        ax: plt.Axes | None = None) -> plt.Axes:
+def gradient_magnitudes(
+    grads: np.ndarray, *, scale: float, title: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """Histogram of log2|g| of the non-zero gradients, with fp16's smallest subnormal
     (2⁻²⁴) and its largest value (65504) marked, before and after the loss scale."""
     if ax is None:
@@ -54,8 +62,14 @@ def gradient_magnitudes(grads: np.ndarray, *, scale: float, title: str = "",
     ax.hist(np.log2(g * scale), bins=bins, alpha=0.6, label=f"× scale 2^{np.log2(scale):.0f}")
     ax.axvline(-24, color="tab:red", ls="--", lw=1)
     ax.axvline(np.log2(65504), color="tab:red", ls="--", lw=1)
-    ax.annotate("fp16: below 2⁻²⁴ → 0", (-24, 1), textcoords="offset points", xytext=(-105, 4),
-                fontsize=8, color="tab:red")
+    ax.annotate(
+        "fp16: below 2⁻²⁴ → 0",
+        (-24, 1),
+        textcoords="offset points",
+        xytext=(-105, 4),
+        fontsize=8,
+        color="tab:red",
+    )
     ax.set_yscale("log")  # the few elements fp16 flushes sit in the tail
     ax.set_xlabel("log2 |gradient|")
     ax.set_ylabel("elements (log scale)")
@@ -64,8 +78,13 @@ def gradient_magnitudes(grads: np.ndarray, *, scale: float, title: str = "",
     return ax
 
 
-def accumulation(sums: Mapping[str, Sequence[float]], exact: Sequence[float], *,
-                 title: str = "", ax: plt.Axes | None = None) -> plt.Axes:
+def accumulation(
+    sums: Mapping[str, Sequence[float]],
+    exact: Sequence[float],
+    *,
+    title: str = "",
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Running sums of many small additions in several accumulator dtypes vs the exact sum."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
@@ -80,8 +99,9 @@ def accumulation(sums: Mapping[str, Sequence[float]], exact: Sequence[float], *,
     return ax
 
 
-def saved_bytes_bars(saved: Mapping[str, int], *, title: str = "",
-                     ax: plt.Axes | None = None) -> plt.Axes:
+def saved_bytes_bars(
+    saved: Mapping[str, int], *, title: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """One bar per recomputation policy: MiB saved for backward, labelled with the
     share of the no-recomputation bytes."""
     if ax is None:
@@ -91,16 +111,22 @@ def saved_bytes_bars(saved: Mapping[str, int], *, title: str = "",
     base = saved[names[0]]
     bars = ax.bar(names, mib, color="#4c72b0")
     for bar, n in zip(bars, names):
-        ax.annotate(f"{saved[n] / base:.0%}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+        ax.annotate(
+            f"{saved[n] / base:.0%}",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+        )
     ax.set_ylabel("MiB saved for backward")
     ax.set_title(title or "activations kept for backward, by recomputation policy", fontsize=10)
     return ax
 
 
 # --------------------------------------------------------------------- 04–06
-def trace_timeline(traces: Mapping[int, object], *, title: str = "",
-                   ax: plt.Axes | None = None) -> plt.Axes:
+def trace_timeline(
+    traces: Mapping[int, object], *, title: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """Per rank, two rows of intervals read from its profiler trace (``lab_utils.trace.Trace``):
     compute (operators) and communication (the backend's collectives), in ms."""
     if ax is None:
@@ -108,8 +134,9 @@ def trace_timeline(traces: Mapping[int, object], *, title: str = "",
     rows, labels = 0, []
     for rank, t in sorted(traces.items()):
         for name, spans, color in (("compute", t.compute, "#4c72b0"), ("comm", t.comm, "#dd8452")):
-            ax.broken_barh([(s / 1e3, (e - s) / 1e3) for s, e in spans], (rows - 0.4, 0.8),
-                           color=color)
+            ax.broken_barh(
+                [(s / 1e3, (e - s) / 1e3) for s, e in spans], (rows - 0.4, 0.8), color=color
+            )
             labels.append(f"rank {rank} {name}")
             rows += 1
         for s, _ in t.steps:
@@ -121,8 +148,13 @@ def trace_timeline(traces: Mapping[int, object], *, title: str = "",
     return ax
 
 
-def overlap_by_bucket(caps: Sequence[float], overlap: Mapping[int, Sequence[float]],
-                      collectives: Sequence[float], *, ax: plt.Axes | None = None) -> plt.Axes:
+def overlap_by_bucket(
+    caps: Sequence[float],
+    overlap: Mapping[int, Sequence[float]],
+    collectives: Sequence[float],
+    *,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Overlap fraction per rank against DDP's bucket size, with all-reduces per step."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
@@ -131,7 +163,9 @@ def overlap_by_bucket(caps: Sequence[float], overlap: Mapping[int, Sequence[floa
     for i, (rank, values) in enumerate(sorted(overlap.items())):
         ax.bar(x + i * width, values, width, label=f"rank {rank}")
     for xi, c in zip(x, collectives):
-        ax.annotate(f"{c:g} all-reduces per step", (xi + 0.4 - width / 2, 1.02), fontsize=8, ha="center")
+        ax.annotate(
+            f"{c:g} all-reduces per step", (xi + 0.4 - width / 2, 1.02), fontsize=8, ha="center"
+        )
     ax.set_xticks(x + width * (len(overlap) - 1) / 2, [f"{c:g} MB" for c in caps])
     ax.set_ylim(0, 1.12)
     ax.set_xlabel("bucket_cap_mb")
@@ -140,8 +174,9 @@ def overlap_by_bucket(caps: Sequence[float], overlap: Mapping[int, Sequence[floa
     return ax
 
 
-def step_times(variants: Mapping[str, Sequence[float]], *, title: str = "",
-               ax: plt.Axes | None = None) -> plt.Axes:
+def step_times(
+    variants: Mapping[str, Sequence[float]], *, title: str = "", ax: plt.Axes | None = None
+) -> plt.Axes:
     """Every timed step of each variant (ms), with its median as a bar."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
@@ -155,29 +190,46 @@ def step_times(variants: Mapping[str, Sequence[float]], *, title: str = "",
     return ax
 
 
-def alpha_beta(sizes: Sequence[int], seconds: Sequence[float], alpha: float, beta: float, *,
-               ax: plt.Axes | None = None) -> plt.Axes:
+def alpha_beta(
+    sizes: Sequence[int],
+    seconds: Sequence[float],
+    alpha: float,
+    beta: float,
+    *,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Measured all-reduce times against the fitted t = α + β·bytes (log-log)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     s = np.asarray(sizes, float)
     ax.loglog(s, np.asarray(seconds) * 1e6, "o", label="measured (median)")
     grid = np.geomspace(s.min(), s.max(), 50)
-    ax.loglog(grid, (alpha + beta * grid) * 1e6, "-",
-              label=f"α + β·bytes: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s")
+    ax.loglog(
+        grid,
+        (alpha + beta * grid) * 1e6,
+        "-",
+        label=f"α + β·bytes: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s",
+    )
     ax.set_xlabel("bytes all-reduced")
     ax.set_ylabel("µs")
     ax.legend(fontsize=8)
     return ax
 
 
-def bucket_choice(caps_kb: Sequence[float], measured_s: Sequence[float], predicted_s: Sequence[float],
-                  *, ax: plt.Axes | None = None) -> plt.Axes:
+def bucket_choice(
+    caps_kb: Sequence[float],
+    measured_s: Sequence[float],
+    predicted_s: Sequence[float],
+    *,
+    ax: plt.Axes | None = None,
+) -> plt.Axes:
     """Measured median step time per bucket size beside the α–β replay's prediction."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(caps_kb, np.asarray(measured_s) * 1e3, "o-", label="measured step (median)")
-    ax.plot(caps_kb, np.asarray(predicted_s) * 1e3, "s--", label="predicted: no-comm step + exposed")
+    ax.plot(
+        caps_kb, np.asarray(predicted_s) * 1e3, "s--", label="predicted: no-comm step + exposed"
+    )
     ax.set_xscale("log")
     ax.set_xlabel("bucket size (KiB)")
     ax.set_ylabel("ms per step")
@@ -185,8 +237,9 @@ def bucket_choice(caps_kb: Sequence[float], measured_s: Sequence[float], predict
     return ax
 
 
-def bytes_per_strategy(predicted: Mapping[str, float], counted: Mapping[str, float], *,
-                       ax: plt.Axes | None = None) -> plt.Axes:
+def bytes_per_strategy(
+    predicted: Mapping[str, float], counted: Mapping[str, float], *, ax: plt.Axes | None = None
+) -> plt.Axes:
     """Predicted and counted bytes sent per rank per step, one pair of bars per strategy."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))

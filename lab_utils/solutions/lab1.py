@@ -48,8 +48,8 @@ def neuron_gradient(x, y, w, b):
     Works on NumPy arrays or torch tensors (only elementwise operations and sums).
     """
     a = np.tanh(w * x + b) if isinstance(x, np.ndarray) else (w * x + b).tanh()
-    dL_da = 2.0 * (a - y) / len(x)      # ∂L/∂a for each sample
-    dL_dz = dL_da * (1.0 - a * a)       # tanh'(z) = 1 − tanh(z)²
+    dL_da = 2.0 * (a - y) / len(x)  # ∂L/∂a for each sample
+    dL_dz = dL_da * (1.0 - a * a)  # tanh'(z) = 1 − tanh(z)²
     return (dL_dz * x).sum(), dL_dz.sum()
 
 
@@ -66,7 +66,7 @@ def minibatch_sgd(X, y, theta0, lr, batch_size, epochs, seed=0):
     for _ in range(epochs):
         order = rng.permutation(len(y))
         for start in range(0, len(y), batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start : start + batch_size]
             theta = theta - lr_at(step) * mse_gradient(X[idx], y[idx], theta)
             path.append(theta.copy())
             step += 1

@@ -14,8 +14,9 @@ def warmup_factor(step: int, warmup_steps: int, start_factor: float) -> float:
     return start_factor + (1.0 - start_factor) * (step + 1) / warmup_steps
 
 
-def lars_trust_ratio(w: torch.Tensor, g: torch.Tensor, trust_coefficient: float = 0.001,
-                     weight_decay: float = 0.0) -> torch.Tensor:
+def lars_trust_ratio(
+    w: torch.Tensor, g: torch.Tensor, trust_coefficient: float = 0.001, weight_decay: float = 0.0
+) -> torch.Tensor:
     """LARS's local learning rate of one layer (You et al. 2017):
     ``η ‖w‖ / (‖g‖ + β ‖w‖)``, and 1 when ``‖w‖`` or the denominator is zero."""
     w_norm = torch.linalg.vector_norm(w)

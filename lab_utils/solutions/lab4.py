@@ -18,13 +18,17 @@ def training_state_bytes(n_params: int, optimizer: str, mixed_precision: bool) -
     """
     buffers = {"momentum": 1, "adam": 2}[optimizer]
     if mixed_precision:
-        return {"params": 2 * n_params, "grads": 2 * n_params,
-                "optimizer": (4 + 4 * buffers) * n_params}
+        return {
+            "params": 2 * n_params,
+            "grads": 2 * n_params,
+            "optimizer": (4 + 4 * buffers) * n_params,
+        }
     return {"params": 4 * n_params, "grads": 4 * n_params, "optimizer": 4 * buffers * n_params}
 
 
-def mlp_column_row_shard(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
-                         rank: int, n: int) -> torch.Tensor:
+def mlp_column_row_shard(
+    x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, rank: int, n: int
+) -> torch.Tensor:
     """Rank ``rank``'s partial output of ``gelu(x W1ᵀ + b1) W2ᵀ``: its block of W1's
     rows (= output columns of the first layer) and b1, and the matching block of
     W2's columns (= input rows of the second). Summing the n partials (the
@@ -34,9 +38,19 @@ def mlp_column_row_shard(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2
     return F.gelu(x @ w1[part].T + b1[part]) @ w2[:, part].T
 
 
-def attention_heads_shard(x: torch.Tensor, wq: torch.Tensor, bq: torch.Tensor, wk: torch.Tensor,
-                          bk: torch.Tensor, wv: torch.Tensor, bv: torch.Tensor, wo: torch.Tensor,
-                          n_heads: int, rank: int, n: int) -> torch.Tensor:
+def attention_heads_shard(
+    x: torch.Tensor,
+    wq: torch.Tensor,
+    bq: torch.Tensor,
+    wk: torch.Tensor,
+    bk: torch.Tensor,
+    wv: torch.Tensor,
+    bv: torch.Tensor,
+    wo: torch.Tensor,
+    n_heads: int,
+    rank: int,
+    n: int,
+) -> torch.Tensor:
     """Rank ``rank``'s partial output of causal self-attention computed with its
     ``n_heads / n`` heads: the heads' rows of Wq, Wk, Wv and their columns of Wo."""
     b, t, d = x.shape
@@ -70,8 +84,9 @@ def top_k_route(logits: torch.Tensor, k: int, capacity: int) -> tuple[torch.Tens
     return experts, gates, slots, slots < capacity
 
 
-def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, world: int,
-                   pass_kv: Callable) -> torch.Tensor:
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, world: int, pass_kv: Callable
+) -> torch.Tensor:
     """Causal attention of this rank's queries over the whole sequence, which is cut into
     ``world`` contiguous chunks (rank r holds positions r·t … (r+1)·t − 1 of q, k, v,
     each ``(batch, heads, t, head_dim)``). The K/V blocks travel around the ring

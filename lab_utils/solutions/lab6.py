@@ -6,8 +6,9 @@ import torch
 
 
 # --------------------------------------------------------------------- 01–03
-def transformer_train_flops(n_layers: int, d_model: int, vocab: int, batch: int,
-                            seq_len: int) -> int:
+def transformer_train_flops(
+    n_layers: int, d_model: int, vocab: int, batch: int, seq_len: int
+) -> int:
     """FLOPs of one training step (forward + backward) of ``char_transformer``.
 
     Matrix products only. Each block has 12·d² weights in linear layers (q, k, v and
@@ -23,8 +24,9 @@ def transformer_train_flops(n_layers: int, d_model: int, vocab: int, batch: int,
     return 6 * n * tokens + attention
 
 
-def cnn_train_flops(width: int, batch: int, image_size: int = 28, in_channels: int = 1,
-                    num_classes: int = 10) -> int:
+def cnn_train_flops(
+    width: int, batch: int, image_size: int = 28, in_channels: int = 1, num_classes: int = 10
+) -> int:
     """FLOPs of one training step of ``fmnist_cnn`` from its layer shapes.
 
     A 3×3 convolution from C_in to C_out channels on an H×W map costs 2·9·C_in·C_out·H·W
@@ -32,8 +34,11 @@ def cnn_train_flops(width: int, batch: int, image_size: int = 28, in_channels: i
     input gradient (as much again), except for the first layer: its input is the data,
     which needs no gradient. The classifier is a linear layer: 6·in·out per image.
     """
-    convs = [(in_channels, width, image_size), (width, 2 * width, image_size // 2),
-             (2 * width, 4 * width, image_size // 4)]
+    convs = [
+        (in_channels, width, image_size),
+        (width, 2 * width, image_size // 2),
+        (2 * width, 4 * width, image_size // 4),
+    ]
     total = 0
     for i, (c_in, c_out, side) in enumerate(convs):
         forward = 2 * 9 * c_in * c_out * side * side * batch
@@ -88,8 +93,17 @@ def make_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
     return buckets
 
 
-def bytes_sent_per_rank(strategy: str, *, n: int, psi: int, batch: int, seq_len: int,
-                        d_model: int, layers: int, value_bytes: int = 4) -> float:
+def bytes_sent_per_rank(
+    strategy: str,
+    *,
+    n: int,
+    psi: int,
+    batch: int,
+    seq_len: int,
+    d_model: int,
+    layers: int,
+    value_bytes: int = 4,
+) -> float:
     """Bytes each of ``n`` ranks sends in one training step (averaged over the ranks),
     with bandwidth-optimal collectives: a ring all-reduce of S bytes sends 2(n−1)/n·S per
     rank, an all-gather, reduce-scatter or broadcast (n−1)/n·S.
@@ -103,9 +117,11 @@ def bytes_sent_per_rank(strategy: str, *, n: int, psi: int, batch: int, seq_len:
     grads = psi * value_bytes
     act = batch * seq_len * d_model * value_bytes
     ring = (n - 1) / n
-    per_rank = {"ddp": 2 * ring * grads,
-                "zero1": 2 * ring * grads + ring * grads,
-                "fsdp": 3 * ring * grads,
-                "tp": 2 * ring * 4 * layers * act,
-                "pp": 2 * (n - 1) * act / n}
+    per_rank = {
+        "ddp": 2 * ring * grads,
+        "zero1": 2 * ring * grads + ring * grads,
+        "fsdp": 3 * ring * grads,
+        "tp": 2 * ring * 4 * layers * act,
+        "pp": 2 * (n - 1) * act / n,
+    }
     return per_rank[strategy]

@@ -80,11 +80,24 @@ class Setup:
 def setup_for(p: Profile) -> Setup:
     """``quick`` shows the code path on tiny subsets; ``cpu`` is the measured claim."""
     return p.pick(
-        quick=Setup(target_acc=0.55, n_train=4096, held_out=200, batches=(16, 64, 256),
-                    seeds=(0,), lr_smallest=0.006, width=8, max_images=8_000),
+        quick=Setup(
+            target_acc=0.55,
+            n_train=4096,
+            held_out=200,
+            batches=(16, 64, 256),
+            seeds=(0,),
+            lr_smallest=0.006,
+            width=8,
+            max_images=8_000,
+        ),
         cpu=Setup(),
-        gpu=Setup(held_out=2000, batches=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
-                  lr_smallest=0.003, lr_max=1.0, max_images=2_000_000),
+        gpu=Setup(
+            held_out=2000,
+            batches=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
+            lr_smallest=0.003,
+            lr_max=1.0,
+            max_images=2_000_000,
+        ),
     )
 
 
@@ -107,8 +120,9 @@ def crossing(checks: Sequence[tuple[int, float]], target: float) -> float | None
 class StopAtAccuracy(Callback):
     """Evaluate on a held-out loader every so often; stop once ``target`` is reached."""
 
-    def __init__(self, loader, target: float, batch_size: int, max_images: int,
-                 growth: float = 1.15) -> None:
+    def __init__(
+        self, loader, target: float, batch_size: int, max_images: int, growth: float = 1.15
+    ) -> None:
         self.loader, self.target, self.growth = loader, target, growth
         self.max_steps = max(1, max_images // batch_size)
         self.next_check = 1
@@ -145,8 +159,9 @@ class Measured:
 
     def fitted(self) -> tuple[list[int], list[float]]:
         """The batches the slopes are fitted on (reached, below the cap) and their medians."""
-        batches = [b for b in self.setup.batches
-                   if not self.setup.capped(b) and self.median(b) is not None]
+        batches = [
+            b for b in self.setup.batches if not self.setup.capped(b) and self.median(b) is not None
+        ]
         return batches, [self.median(b) for b in batches]
 
     def slopes(self) -> tuple[float, float, int]:
@@ -154,8 +169,11 @@ class Measured:
         points: the two regimes of the curve."""
         batches, steps = self.fitted()
         half = max(2, (len(batches) + 1) // 2)
-        return (loglog_slope(batches[:half], steps[:half]),
-                loglog_slope(batches[-half:], steps[-half:]), half)
+        return (
+            loglog_slope(batches[:half], steps[:half]),
+            loglog_slope(batches[-half:], steps[-half:]),
+            half,
+        )
 
 
 def loglog_slope(x: Sequence[float], y: Sequence[float]) -> float:
@@ -171,15 +189,15 @@ def data_for(setup: Setup, device: torch.device | None = None):
     return ds.subset(n_train=setup.n_train, n_test=0, seed=0), held_loader
 
 
-def steps_to_target(batch: int, seed: int, setup: Setup, train_set, held_loader,
-                    device: torch.device | None = None) -> StopAtAccuracy:
+def steps_to_target(
+    batch: int, seed: int, setup: Setup, train_set, held_loader, device: torch.device | None = None
+) -> StopAtAccuracy:
     """Train from scratch at ``batch`` until the held-out accuracy reaches the target;
     the returned callback holds the checks and the interpolated crossing."""
     torch.manual_seed(seed)
     model = models.build("fmnist_cnn", width=setup.width).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=setup.lr(batch), momentum=setup.momentum)
-    stopper = StopAtAccuracy(held_loader, setup.target_acc, batch, setup.max_images,
-                             setup.growth)
+    stopper = StopAtAccuracy(held_loader, setup.target_acc, batch, setup.max_images, setup.growth)
     trainer = Trainer(model, optimizer, callbacks=[stopper], progress=False, device=device)
     loader = TensorLoader.from_dataset(train_set, "train", batch, seed=seed, device=device)
     with contextlib.redirect_stdout(io.StringIO()):  # the Trainer's per-epoch lines
@@ -187,8 +205,7 @@ def steps_to_target(batch: int, seed: int, setup: Setup, train_set, held_loader,
     return stopper
 
 
-def measure(setup: Setup, device: torch.device | None = None,
-            progress: bool = True) -> Measured:
+def measure(setup: Setup, device: torch.device | None = None, progress: bool = True) -> Measured:
     """Every (batch, seed) of the setup."""
     from tqdm.auto import tqdm
 
@@ -209,19 +226,48 @@ def claims(m: Measured) -> list[Claim]:
     target; small batches scale nearly perfectly; larger ones clearly less."""
     uncapped = [b for b in m.setup.batches if not m.setup.capped(b)]
     reached = [b for b in uncapped if m.median(b) is not None]
-    out = [Claim("every uncapped batch size reaches the target",
-                 f"{len(reached)} of {len(uncapped)}", "all",
-                 len(reached) == len(uncapped), float(len(reached) - len(uncapped)), "batches")]
+    out = [
+        Claim(
+            "every uncapped batch size reaches the target",
+            f"{len(reached)} of {len(uncapped)}",
+            "all",
+            len(reached) == len(uncapped),
+            float(len(reached) - len(uncapped)),
+            "batches",
+        )
+    ]
     if len(reached) < 4:
-        return out + [Claim("two regimes of steps vs batch", f"{len(reached)} points",
-                            "≥ 4 fitted points", False, float(len(reached) - 4), "points")]
+        return out + [
+            Claim(
+                "two regimes of steps vs batch",
+                f"{len(reached)} points",
+                "≥ 4 fitted points",
+                False,
+                float(len(reached) - 4),
+                "points",
+            )
+        ]
     small, large, half = m.slopes()
-    out.append(Claim(f"small batches: steps ∝ 1/B (smallest {half})", f"slope {small:+.2f}",
-                     f"≤ {SMALL_SLOPE_MAX:+.1f}", small <= SMALL_SLOPE_MAX,
-                     SMALL_SLOPE_MAX - small, "slope"))
-    out.append(Claim(f"larger batches: diminishing returns (largest {half})",
-                     f"slope {large:+.2f} vs {small:+.2f}", f"≥ small + {BEND_MIN:g}",
-                     large - small >= BEND_MIN, large - small - BEND_MIN, "slope"))
+    out.append(
+        Claim(
+            f"small batches: steps ∝ 1/B (smallest {half})",
+            f"slope {small:+.2f}",
+            f"≤ {SMALL_SLOPE_MAX:+.1f}",
+            small <= SMALL_SLOPE_MAX,
+            SMALL_SLOPE_MAX - small,
+            "slope",
+        )
+    )
+    out.append(
+        Claim(
+            f"larger batches: diminishing returns (largest {half})",
+            f"slope {large:+.2f} vs {small:+.2f}",
+            f"≥ small + {BEND_MIN:g}",
+            large - small >= BEND_MIN,
+            large - small - BEND_MIN,
+            "slope",
+        )
+    )
     return out
 
 
@@ -232,15 +278,22 @@ def report(m: Measured) -> str:
         shown = ", ".join(f"{s:.0f}" if s is not None else "—" for s in m.per_seed[b])
         med = m.median(b)
         cap = "  (capped: out of the fit)" if m.setup.capped(b) else ""
-        lines.append(f"B = {b:5d}, lr = {m.setup.lr(b):.4f}: steps per seed [{shown}]"
-                     + (f", median {med:.0f}" if med is not None else ", not reached") + cap)
+        lines.append(
+            f"B = {b:5d}, lr = {m.setup.lr(b):.4f}: steps per seed [{shown}]"
+            + (f", median {med:.0f}" if med is not None else ", not reached")
+            + cap
+        )
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Steps to a target accuracy against batch size.")
-    p.add_argument("--profile", choices=profile.PROFILES, default=None,
-                   help="run profile (default: $LABS_PROFILE, else cpu: the asserted one)")
+    p.add_argument(
+        "--profile",
+        choices=profile.PROFILES,
+        default=None,
+        help="run profile (default: $LABS_PROFILE, else cpu: the asserted one)",
+    )
     args = p.parse_args(argv)
     P = profile.current(args.profile or os.environ.get("LABS_PROFILE") or "cpu")
     m = measure(setup_for(P), P.device)

@@ -25,21 +25,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def node_args(nnodes: int, nproc_per_node: int, endpoint: str, script: str | os.PathLike,
-              args: Sequence[str] = (), run_id: str = "lab2") -> list[str]:
+def node_args(
+    nnodes: int,
+    nproc_per_node: int,
+    endpoint: str,
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    run_id: str = "lab2",
+) -> list[str]:
     """The arguments of ``torchrun`` (``python -m torch.distributed.run``) on every node.
 
     They are the same on all nodes: with the ``c10d`` rendezvous the nodes number
     themselves in order of arrival (``--node-rank`` is only for the ``static`` one).
     """
-    return [f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", "--tee=3",
-            str(script), *map(str, args)]
+    return [
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={run_id}",
+        "--tee=3",
+        str(script),
+        *map(str, args),
+    ]
 
 
-def run_nodes(script: str | os.PathLike, args: Sequence[str] = (), *, nnodes: int = 2,
-              nproc_per_node: int = 1, timeout: float = 120, echo: bool = True,
-              env: Mapping[str, str] | None = None) -> list[launch.LaunchResult]:
+def run_nodes(
+    script: str | os.PathLike,
+    args: Sequence[str] = (),
+    *,
+    nnodes: int = 2,
+    nproc_per_node: int = 1,
+    timeout: float = 120,
+    echo: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> list[launch.LaunchResult]:
     """Start ``nnodes`` torchrun invocations of ``script`` at once and wait for all.
 
     Returns one :class:`~lab_utils.launch.LaunchResult` per node, in node order;
@@ -57,10 +77,22 @@ def run_nodes(script: str | os.PathLike, args: Sequence[str] = (), *, nnodes: in
     def node(k: int) -> None:
         try:
             results[k] = launch.run(
-                "torch.distributed.run", node_args(nnodes, nproc_per_node, endpoint, script, args,
-                                                   run_id=f"lab2-{endpoint.rsplit(':', 1)[1]}"),
-                module=True, nprocs=1, launcher="python", timeout=timeout, echo=echo,
-                env=job_env)
+                "torch.distributed.run",
+                node_args(
+                    nnodes,
+                    nproc_per_node,
+                    endpoint,
+                    script,
+                    args,
+                    run_id=f"lab2-{endpoint.rsplit(':', 1)[1]}",
+                ),
+                module=True,
+                nprocs=1,
+                launcher="python",
+                timeout=timeout,
+                echo=echo,
+                env=job_env,
+            )
         except BaseException as exc:  # re-raised in the caller's thread
             errors[k] = exc
 

@@ -58,7 +58,11 @@ class Setup:
     # the learning rates tried at the largest batch: three each, a factor 2 apart
     lars_lrs: tuple[float, ...] = (4.0, 8.0, 16.0)
     lamb_lrs: tuple[float, ...] = (0.04, 0.08, 0.16)
-    larc_lrs: tuple[float, ...] = (0.2, 0.4, 0.8)  # LARC (clip): γ, the ceiling of every layer's rate
+    larc_lrs: tuple[float, ...] = (
+        0.2,
+        0.4,
+        0.8,
+    )  # LARC (clip): γ, the ceiling of every layer's rate
     novograd_lrs: tuple[float, ...] = (0.005, 0.01, 0.02)
     sgd_lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the sqrt-scaled base LR
 
@@ -77,12 +81,30 @@ def setup_for(profile: Profile) -> Setup:
     """
     return profile.pick(
         # quick: the largest batch (×16 = 512) still makes 16 updates, so curves are curves
-        quick=Setup(model_kwargs={"hidden": (64,)}, n_train=4096, n_val=512, n_test=1000,
-                    epochs=2, base_batch=32, base_lr=0.02, largest_ratio=16),
+        quick=Setup(
+            model_kwargs={"hidden": (64,)},
+            n_train=4096,
+            n_val=512,
+            n_test=1000,
+            epochs=2,
+            base_batch=32,
+            base_lr=0.02,
+            largest_ratio=16,
+        ),
         cpu=Setup(model_kwargs={"hidden": (256, 128)}),
-        gpu=Setup(dataset="cifar10", arch="resnet_cifar", model_kwargs={"width": 32},
-                  n_train=49152, n_val=848, epochs=16, base_batch=128, base_lr=0.05,
-                  weight_decay=5e-4, augment=True, largest_ratio=64),
+        gpu=Setup(
+            dataset="cifar10",
+            arch="resnet_cifar",
+            model_kwargs={"width": 32},
+            n_train=49152,
+            n_val=848,
+            epochs=16,
+            base_batch=128,
+            base_lr=0.05,
+            weight_decay=5e-4,
+            augment=True,
+            largest_ratio=64,
+        ),
     )
 
 
@@ -154,14 +176,23 @@ def load_splits(setup: Setup, seed: int = 0) -> Splits:
     if need > len(ds.x_train):
         raise ValueError(f"n_train + n_val = {need} > {len(ds.x_train)} training images")
     order = torch.randperm(len(ds.x_train), generator=torch.Generator().manual_seed(seed))
-    train, val = order[:setup.n_train], order[setup.n_train:need]
+    train, val = order[: setup.n_train], order[setup.n_train : need]
     test = torch.arange(len(ds.x_test))
     if setup.n_test is not None:
         test = torch.randperm(len(ds.x_test), generator=torch.Generator().manual_seed(seed))
-        test = test[:setup.n_test]
-    return Splits(ds.x_train[train], ds.y_train[train], ds.x_train[val], ds.y_train[val],
-                  ds.x_test[test], ds.y_test[test], ds.mean, ds.std, ds.image_shape,
-                  ds.num_classes)
+        test = test[: setup.n_test]
+    return Splits(
+        ds.x_train[train],
+        ds.y_train[train],
+        ds.x_train[val],
+        ds.y_train[val],
+        ds.x_test[test],
+        ds.y_test[test],
+        ds.mean,
+        ds.std,
+        ds.image_shape,
+        ds.num_classes,
+    )
 
 
 def build_model(setup: Setup, splits: Splits, seed: int, ghost_batch: int | None = None):
@@ -182,20 +213,34 @@ def make_optimizer(name: str, params, lr: float, setup: Setup) -> torch.optim.Op
     at ``lr``), LAMB (Adam base) or NovoGrad (layer-wise second moments); biases and
     norm weights are left out of the layer-wise adaptation and weight decay."""
     if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=setup.momentum,
-                               weight_decay=setup.weight_decay)
+        return torch.optim.SGD(
+            params, lr=lr, momentum=setup.momentum, weight_decay=setup.weight_decay
+        )
     if name == "lars":
-        return optim.LARS(params, lr=lr, momentum=setup.momentum,
-                          weight_decay=setup.weight_decay, exclude_bias_and_norm=True)
+        return optim.LARS(
+            params,
+            lr=lr,
+            momentum=setup.momentum,
+            weight_decay=setup.weight_decay,
+            exclude_bias_and_norm=True,
+        )
     if name == "lamb":
-        return optim.LAMB(params, lr=lr, weight_decay=setup.weight_decay,
-                          exclude_bias_and_norm=True)
+        return optim.LAMB(
+            params, lr=lr, weight_decay=setup.weight_decay, exclude_bias_and_norm=True
+        )
     if name == "larc":
-        return optim.LARC(params, lr=lr, momentum=setup.momentum, mode="clip",
-                          weight_decay=setup.weight_decay, exclude_bias_and_norm=True)
+        return optim.LARC(
+            params,
+            lr=lr,
+            momentum=setup.momentum,
+            mode="clip",
+            weight_decay=setup.weight_decay,
+            exclude_bias_and_norm=True,
+        )
     if name == "novograd":
-        return optim.NovoGrad(params, lr=lr, weight_decay=setup.weight_decay,
-                              exclude_bias_and_norm=True)
+        return optim.NovoGrad(
+            params, lr=lr, weight_decay=setup.weight_decay, exclude_bias_and_norm=True
+        )
     raise ValueError(f"unknown optimizer {name!r}; use one of {OPTIMIZERS}")
 
 
@@ -223,8 +268,10 @@ def _loader_batch(setup: Setup, batch: int) -> tuple[int, int]:
     if setup.micro_batch is None or batch <= setup.micro_batch:
         return batch, 1
     if batch % setup.micro_batch or setup.n_train % batch:
-        raise ValueError(f"batch {batch} must be a multiple of micro_batch {setup.micro_batch} "
-                         f"and divide n_train {setup.n_train} for exact accumulation")
+        raise ValueError(
+            f"batch {batch} must be a multiple of micro_batch {setup.micro_batch} "
+            f"and divide n_train {setup.n_train} for exact accumulation"
+        )
     return setup.micro_batch, batch // setup.micro_batch
 
 
@@ -241,25 +288,61 @@ def schedule(run: Run, setup: Setup, steps_per_epoch: int) -> optim.Factor:
     if decay == "cosine":
         return optim.lr_schedule(total, warmup_steps=warm, warmup_start=start, decay="cosine")
     marks = [m * steps_per_epoch for m in setup.milestones(epochs)]
-    return optim.lr_schedule(total, warmup_steps=warm, warmup_start=start, decay=decay,
-                             milestones=marks, gamma=setup.gamma)
+    return optim.lr_schedule(
+        total,
+        warmup_steps=warm,
+        warmup_start=start,
+        decay=decay,
+        milestones=marks,
+        gamma=setup.gamma,
+    )
 
 
-def train(run: Run, setup: Setup, splits: Splits, *, progress: bool = False,
-          trust_every: int = 0, device: torch.device | None = None) -> Result:
+def train(
+    run: Run,
+    setup: Setup,
+    splits: Splits,
+    *,
+    progress: bool = False,
+    trust_every: int = 0,
+    device: torch.device | None = None,
+) -> Result:
     """Train ``run`` and measure it; a run that diverges is reported, not raised.
     ``device``: default, this process's GPU if there is one, else the CPU."""
     device = device or default_device()
     epochs = run.epochs or setup.epochs
     model = build_model(setup, splits, run.seed, run.ghost_batch).to(device)
     loader_batch, accum = _loader_batch(setup, run.batch)
-    loader = TensorLoader(splits.x_train, splits.y_train, loader_batch, seed=run.seed,
-                          mean=splits.mean, std=splits.std, device=device,
-                          augment=setup.augment)
-    val = TensorLoader(splits.x_val, splits.y_val, 1024, shuffle=False, even_shards=False,
-                       mean=splits.mean, std=splits.std, device=device)
-    test = TensorLoader(splits.x_test, splits.y_test, 1024, shuffle=False, even_shards=False,
-                        mean=splits.mean, std=splits.std, device=device)
+    loader = TensorLoader(
+        splits.x_train,
+        splits.y_train,
+        loader_batch,
+        seed=run.seed,
+        mean=splits.mean,
+        std=splits.std,
+        device=device,
+        augment=setup.augment,
+    )
+    val = TensorLoader(
+        splits.x_val,
+        splits.y_val,
+        1024,
+        shuffle=False,
+        even_shards=False,
+        mean=splits.mean,
+        std=splits.std,
+        device=device,
+    )
+    test = TensorLoader(
+        splits.x_test,
+        splits.y_test,
+        1024,
+        shuffle=False,
+        even_shards=False,
+        mean=splits.mean,
+        std=splits.std,
+        device=device,
+    )
     opt = make_optimizer(run.optimizer, model.parameters(), run.lr, setup)
     steps_per_epoch = math.ceil(len(loader) / accum)
     scheduler = optim.lambda_lr(opt, schedule(run, setup, steps_per_epoch))
@@ -274,8 +357,16 @@ def train(run: Run, setup: Setup, splits: Splits, *, progress: bool = False,
     if run.noise_scale:
         sigma = optim.noise_std(run.batch, setup.base_batch, run.noise_scale)
         loss_fn = optim.SampleNoiseLoss(sigma, seed=run.seed)
-    trainer = Trainer(model, opt, loss_fn=loss_fn, scheduler=scheduler, callbacks=callbacks,
-                      progress=progress, grad_accum_steps=accum, device=device)
+    trainer = Trainer(
+        model,
+        opt,
+        loss_fn=loss_fn,
+        scheduler=scheduler,
+        callbacks=callbacks,
+        progress=progress,
+        grad_accum_steps=accum,
+        device=device,
+    )
     start = time.perf_counter()
     diverged = False
     try:
@@ -285,9 +376,17 @@ def train(run: Run, setup: Setup, splits: Splits, *, progress: bool = False,
     seconds = time.perf_counter() - start
     test_acc = trainer.evaluate(test)["acc"]
     val_acc = trainer.evaluate(val)["acc"]  # a diverged model still gets measured
-    return Result(run, test_acc, val_acc, trainer.step, seconds, diverged,
-                  trainer.history.epochs, trainer.history.steps,
-                  recorder.records if recorder else [])
+    return Result(
+        run,
+        test_acc,
+        val_acc,
+        trainer.step,
+        seconds,
+        diverged,
+        trainer.history.epochs,
+        trainer.history.steps,
+        recorder.records if recorder else [],
+    )
 
 
 def with_seed(runs: list[Run], seed: int) -> list[Run]:
@@ -295,9 +394,16 @@ def with_seed(runs: list[Run], seed: int) -> list[Run]:
     return [replace(r, seed=seed) for r in runs]
 
 
-def accumulation_errors(model_fn, x: torch.Tensor, y: torch.Tensor, batch: int,
-                        micro_batch: int, *, lr: float = 0.1, momentum: float = 0.9
-                        ) -> dict[str, float]:
+def accumulation_errors(
+    model_fn,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch: int,
+    micro_batch: int,
+    *,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+) -> dict[str, float]:
     """How far k = batch/micro_batch accumulated micro-batches are from one batch.
 
     ``grad``: ‖g_one − g_accumulated‖ / ‖g_one‖ for the first batch of ``x``.
@@ -337,8 +443,15 @@ def accumulation_errors(model_fn, x: torch.Tensor, y: torch.Tensor, batch: int,
     return {"grad": grad_error, "weights": weight_error, "micro_batches": k}
 
 
-def train_many(runs: list[Run], setup: Setup, splits: Splits, *, desc: str = "training",
-               trust_every: int = 0, device: torch.device | None = None) -> list[Result]:
+def train_many(
+    runs: list[Run],
+    setup: Setup,
+    splits: Splits,
+    *,
+    desc: str = "training",
+    trust_every: int = 0,
+    device: torch.device | None = None,
+) -> list[Result]:
     """Train several runs one after the other under one progress bar (the Trainer's
     own per-epoch lines are kept out of the way)."""
     from tqdm.auto import tqdm
@@ -348,17 +461,20 @@ def train_many(runs: list[Run], setup: Setup, splits: Splits, *, desc: str = "tr
         for run in bar:
             bar.set_postfix_str(run.label)
             with contextlib.redirect_stdout(io.StringIO()):
-                results.append(train(run, setup, splits, trust_every=trust_every,
-                                     device=device))
+                results.append(train(run, setup, splits, trust_every=trust_every, device=device))
     return results
 
 
 def table(results: list[Result]) -> str:
     """A plain-text table of runs: batch, learning rate, updates, accuracies, time."""
-    lines = [f"{'run':32s} {'batch':>6s} {'lr':>8s} {'updates':>8s} {'val %':>7s} "
-             f"{'test %':>7s} {'time s':>7s}"]
+    lines = [
+        f"{'run':32s} {'batch':>6s} {'lr':>8s} {'updates':>8s} {'val %':>7s} "
+        f"{'test %':>7s} {'time s':>7s}"
+    ]
     for r in results:
         note = "  diverged" if r.diverged else ""
-        lines.append(f"{r.run.label:32s} {r.run.batch:6d} {r.run.lr:8.4g} {r.updates:8d} "
-                     f"{100 * r.val_acc:7.2f} {100 * r.test_acc:7.2f} {r.seconds:7.1f}{note}")
+        lines.append(
+            f"{r.run.label:32s} {r.run.batch:6d} {r.run.lr:8.4g} {r.updates:8d} "
+            f"{100 * r.val_acc:7.2f} {100 * r.test_acc:7.2f} {r.seconds:7.1f}{note}"
+        )
     return "\n".join(lines)

@@ -45,7 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments.py beside this file
 
-from experiments import (  # noqa: E402
+from experiments import (
     Run,
     Setup,
     Splits,
@@ -57,8 +57,8 @@ from experiments import (  # noqa: E402
     train,
 )
 
-from lab_utils import optim, profile  # noqa: E402
-from lab_utils.checks import lab3 as checks  # noqa: E402
+from lab_utils import optim, profile
+from lab_utils.checks import lab3 as checks
 
 
 @dataclass(frozen=True)
@@ -89,9 +89,13 @@ def make_plan(setup: Setup) -> Plan:
     k, kmax = setup.naive_ratio, setup.largest_ratio
     big, biggest = k * b0, kmax * b0
     lin, sqrt = optim.scale_lr(lr0, b0, big, "linear"), optim.scale_lr(lr0, b0, big, "sqrt")
-    grid = {name: [Run(f"{name.upper()} ×{kmax} lr={lr:.3g}", biggest, lr, name, warm)
-                   for lr in lr_grid(setup, name)]
-            for name in ("sgd", "lars", "lamb")}
+    grid = {
+        name: [
+            Run(f"{name.upper()} ×{kmax} lr={lr:.3g}", biggest, lr, name, warm)
+            for lr in lr_grid(setup, name)
+        ]
+        for name in ("sgd", "lars", "lamb")
+    }
     return Plan(
         baseline=Run(f"baseline B={b0}", b0, lr0),
         naive=Run(f"naive ×{k}", big, lr0),
@@ -129,8 +133,14 @@ class Summary:
         return f"{100 * self.test_mean:6.2f} ± {100 * statistics.stdev(self.test):4.2f}"
 
 
-def _train_seed(runs: Sequence[Run], setup: Setup, splits: Splits | None, seed: int,
-                threads: int | None = None, queue: Any = None) -> list[dict[str, Any]]:
+def _train_seed(
+    runs: Sequence[Run],
+    setup: Setup,
+    splits: Splits | None,
+    seed: int,
+    threads: int | None = None,
+    queue: Any = None,
+) -> list[dict[str, Any]]:
     """Train ``runs`` with one seed (in this process or a worker process) and return
     what each measured. ``queue`` receives the label of each finished run."""
     if threads:
@@ -140,16 +150,29 @@ def _train_seed(runs: Sequence[Run], setup: Setup, splits: Splits | None, seed: 
     for run in runs:
         with contextlib.redirect_stdout(io.StringIO()):  # the Trainer's epoch lines
             r = train(replace(run, seed=seed), setup, splits)
-        out.append({"test": r.test_acc, "val": r.val_acc, "updates": r.updates,
-                    "seconds": r.seconds, "diverged": r.diverged})
+        out.append(
+            {
+                "test": r.test_acc,
+                "val": r.val_acc,
+                "updates": r.updates,
+                "seconds": r.seconds,
+                "diverged": r.diverged,
+            }
+        )
         if queue is not None:
             queue.put(f"{run.label} (seed {seed})")
     return out
 
 
-def run_plan(plan: Plan, setup: Setup, splits: Splits, seeds: Sequence[int],
-             progress: bool = True, jobs: int = 1,
-             claims_only: bool = False) -> dict[Run, Summary]:
+def run_plan(
+    plan: Plan,
+    setup: Setup,
+    splits: Splits,
+    seeds: Sequence[int],
+    progress: bool = True,
+    jobs: int = 1,
+    claims_only: bool = False,
+) -> dict[Run, Summary]:
     """Train every run of ``plan`` with every seed; the summaries are keyed by the
     seed-0 form of each run.
 
@@ -163,8 +186,7 @@ def run_plan(plan: Plan, setup: Setup, splits: Splits, seeds: Sequence[int],
     runs = plan.runs(claims_only)
     seeds = list(seeds)
     jobs = max(1, min(jobs, len(seeds)))
-    bar = tqdm(total=len(runs) * len(seeds), desc="lab 3 science", unit="run",
-               disable=not progress)
+    bar = tqdm(total=len(runs) * len(seeds), desc="lab 3 science", unit="run", disable=not progress)
     if jobs == 1:
         per_seed = []
         for seed in seeds:
@@ -175,11 +197,13 @@ def run_plan(plan: Plan, setup: Setup, splits: Splits, seeds: Sequence[int],
         context = multiprocessing.get_context("spawn")
         with context.Manager() as manager, ProcessPoolExecutor(jobs, mp_context=context) as pool:
             queue = manager.Queue()
-            futures = [pool.submit(_train_seed, runs, setup, None, seed, threads, queue)
-                       for seed in seeds]
+            futures = [
+                pool.submit(_train_seed, runs, setup, None, seed, threads, queue) for seed in seeds
+            ]
             finished = 0
             while finished < len(runs) * len(seeds) and not any(
-                    f.done() and f.exception() for f in futures):
+                f.done() and f.exception() for f in futures
+            ):
                 try:
                     bar.set_postfix_str(queue.get(timeout=1.0))
                 except Empty:
@@ -191,9 +215,14 @@ def run_plan(plan: Plan, setup: Setup, splits: Splits, seeds: Sequence[int],
     out: dict[Run, Summary] = {}
     for i, run in enumerate(runs):
         rows = [seed_rows[i] for seed_rows in per_seed]
-        out[run] = Summary(run, [r["test"] for r in rows], [r["val"] for r in rows],
-                           rows[0]["updates"], sum(r["seconds"] for r in rows),
-                           sum(r["diverged"] for r in rows))
+        out[run] = Summary(
+            run,
+            [r["test"] for r in rows],
+            [r["val"] for r in rows],
+            rows[0]["updates"],
+            sum(r["seconds"] for r in rows),
+            sum(r["diverged"] for r in rows),
+        )
     return out
 
 
@@ -221,36 +250,48 @@ def measure_accumulation(setup: Setup, splits: Splits) -> dict[str, float]:
     if setup.arch != "mlp":  # the claim is about a model without BatchNorm
         setup = replace(setup, arch="mlp", model_kwargs={"hidden": (256, 128)})
     x = splits.normalise(splits.x_train[:n])
-    return accumulation_errors(lambda: build_model(setup, splits, seed=0), x,
-                               splits.y_train[:n], batch, micro)
+    return accumulation_errors(
+        lambda: build_model(setup, splits, seed=0), x, splits.y_train[:n], batch, micro
+    )
 
 
-def evaluate_claims(plan: Plan, s: dict[Run, Summary], setup: Setup,
-                    accumulation: dict[str, float]) -> list[checks.Claim]:
+def evaluate_claims(
+    plan: Plan, s: dict[Run, Summary], setup: Setup, accumulation: dict[str, float]
+) -> list[checks.Claim]:
     """The five claims from the measured summaries."""
     k, kmax = setup.naive_ratio, setup.largest_ratio
     best = {name: best_by_validation([s[r] for r in runs]) for name, runs in plan.grid.items()}
     return [
         checks.claim_naive_gap(s[plan.baseline].test_mean, s[plan.naive].test_mean, k),
         checks.claim_scaling_recovers(s[plan.baseline].test_mean, s[plan.scaled].test_mean, k),
-        checks.claim_adaptive_beats_sgd(best["sgd"].test_mean, best["lars"].test_mean,
-                                        best["lamb"].test_mean, kmax),
-        checks.claim_growth_matches_decay(s[plan.decay].test_mean, s[plan.decay].updates,
-                                          s[plan.growth].test_mean, s[plan.growth].updates),
-        checks.claim_accumulation_exact(max(accumulation["grad"], accumulation["weights"]),
-                                        int(accumulation["micro_batches"])),
+        checks.claim_adaptive_beats_sgd(
+            best["sgd"].test_mean, best["lars"].test_mean, best["lamb"].test_mean, kmax
+        ),
+        checks.claim_growth_matches_decay(
+            s[plan.decay].test_mean,
+            s[plan.decay].updates,
+            s[plan.growth].test_mean,
+            s[plan.growth].updates,
+        ),
+        checks.claim_accumulation_exact(
+            max(accumulation["grad"], accumulation["weights"]), int(accumulation["micro_batches"])
+        ),
     ]
 
 
 def runs_table(summaries: dict[Run, Summary], chosen: set[Run]) -> str:
     """One line per configuration: batch, learning rate, updates, test accuracy."""
-    lines = [f"{'run':34s} {'batch':>6s} {'lr':>8s} {'updates':>8s} "
-             f"{'test acc % (mean ± sd)':>23s} {'time s':>7s}"]
+    lines = [
+        f"{'run':34s} {'batch':>6s} {'lr':>8s} {'updates':>8s} "
+        f"{'test acc % (mean ± sd)':>23s} {'time s':>7s}"
+    ]
     for run, sm in summaries.items():
         mark = " *" if run in chosen else ""
         flag = f"  diverged in {sm.diverged} seed(s)" if sm.diverged else ""
-        lines.append(f"{run.label:34s} {run.batch:6d} {run.lr:8.4g} {sm.updates:8d} "
-                     f"{sm.accuracy_text():>23s} {sm.seconds:7.1f}{mark}{flag}")
+        lines.append(
+            f"{run.label:34s} {run.batch:6d} {run.lr:8.4g} {sm.updates:8d} "
+            f"{sm.accuracy_text():>23s} {sm.seconds:7.1f}{mark}{flag}"
+        )
     return "\n".join(lines)
 
 
@@ -270,29 +311,54 @@ def claims_table(claims: Sequence[checks.Claim], profile_name: str = "cpu") -> s
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Measure Lab 3's claims and print PASS/FAIL.")
-    p.add_argument("--profile", choices=profile.PROFILES, default=None,
-                   help="run profile (default: $LABS_PROFILE, else cpu: the recorded one)")
-    p.add_argument("--seeds", type=int, default=None,
-                   help="seeds per configuration (default: quick 1, cpu 2, gpu 2)")
-    p.add_argument("--jobs", type=int, default=None,
-                   help="seeds trained at once, in separate processes (default: one per core)")
+    p.add_argument(
+        "--profile",
+        choices=profile.PROFILES,
+        default=None,
+        help="run profile (default: $LABS_PROFILE, else cpu: the recorded one)",
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="seeds per configuration (default: quick 1, cpu 2, gpu 2)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="seeds trained at once, in separate processes (default: one per core)",
+    )
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--claims-only", action="store_true",
-                   help="skip the runs shown only in the table (square-root scaling, no warm-up)")
+    p.add_argument(
+        "--claims-only",
+        action="store_true",
+        help="skip the runs shown only in the table (square-root scaling, no warm-up)",
+    )
     args = p.parse_args(argv)
 
     P = profile.current(args.profile or os.environ.get("LABS_PROFILE") or "cpu")
     setup = setup_for(P)
     seeds = list(range(args.seeds or P.pick(quick=1, cpu=2, gpu=2)))
     started = time.perf_counter()
-    print(f"Lab 3 science — {P}, {setup.dataset}, {setup.arch} {setup.model_kwargs}, "
-          f"{setup.epochs} epochs, {len(seeds)} seed(s)", flush=True)
+    print(
+        f"Lab 3 science — {P}, {setup.dataset}, {setup.arch} {setup.model_kwargs}, "
+        f"{setup.epochs} epochs, {len(seeds)} seed(s)",
+        flush=True,
+    )
     splits = load_splits(setup)
     plan = make_plan(setup)
     jobs = args.jobs or (os.cpu_count() or 1)
-    summaries = run_plan(plan, setup, splits, seeds, progress=not args.no_progress, jobs=jobs,
-                         claims_only=args.claims_only)
+    summaries = run_plan(
+        plan,
+        setup,
+        splits,
+        seeds,
+        progress=not args.no_progress,
+        jobs=jobs,
+        claims_only=args.claims_only,
+    )
     accumulation = measure_accumulation(setup, splits)
     claims = evaluate_claims(plan, summaries, setup, accumulation)
     chosen = {best_by_validation([summaries[r] for r in runs]).run for runs in plan.grid.values()}
@@ -300,35 +366,66 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print()
     print(runs_table(summaries, chosen))
-    print("  * the learning rate chosen on the validation split for each optimiser; "
-          "time: training seconds over all seeds")
-    print(f"  accumulation: gradient error {accumulation['grad']:.1e}, weights after one "
-          f"epoch {accumulation['weights']:.1e} (relative to how far they moved)")
+    print(
+        "  * the learning rate chosen on the validation split for each optimiser; "
+        "time: training seconds over all seeds"
+    )
+    print(
+        f"  accumulation: gradient error {accumulation['grad']:.1e}, weights after one "
+        f"epoch {accumulation['weights']:.1e} (relative to how far they moved)"
+    )
     print()
     print(claims_table(claims, P.name))
     workers = min(jobs, len(seeds))
-    how = (f"{workers} processes × {max(1, (os.cpu_count() or 1) // workers)} thread(s)"
-           if workers > 1 else f"{P.threads} thread(s)")
+    how = (
+        f"{workers} processes × {max(1, (os.cpu_count() or 1) // workers)} thread(s)"
+        if workers > 1
+        else f"{P.threads} thread(s)"
+    )
     judged = [c for c in claims if c.asserted(P.name)]
     held = f"{sum(c.ok for c in judged)}/{len(judged)} asserted claims hold"
-    print(f"\n{held}; {elapsed / 60:.1f} min on "
-          f"{os.cpu_count()} cores ({platform.machine()}), {how}, {date.today().isoformat()}")
+    print(
+        f"\n{held}; {elapsed / 60:.1f} min on "
+        f"{os.cpu_count()} cores ({platform.machine()}), {how}, {date.today().isoformat()}"
+    )
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({
-            "profile": P.name, "date": date.today().isoformat(), "seconds": elapsed,
-            "machine": platform.platform(), "cores": os.cpu_count(), "processes": workers,
-            "seeds": seeds,
-            "setup": asdict(setup), "accumulation": accumulation,
-            "runs": [{"label": r.label, "batch": r.batch, "lr": r.lr, "updates": sm.updates,
-                      "test": sm.test, "val": sm.val, "seconds": sm.seconds,
-                      "diverged": sm.diverged} for r, sm in summaries.items()],
-            "claims": [asdict(c) | {"verdict": c.result(P.name)} for c in claims],
-        }, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "profile": P.name,
+                    "date": date.today().isoformat(),
+                    "seconds": elapsed,
+                    "machine": platform.platform(),
+                    "cores": os.cpu_count(),
+                    "processes": workers,
+                    "seeds": seeds,
+                    "setup": asdict(setup),
+                    "accumulation": accumulation,
+                    "runs": [
+                        {
+                            "label": r.label,
+                            "batch": r.batch,
+                            "lr": r.lr,
+                            "updates": sm.updates,
+                            "test": sm.test,
+                            "val": sm.val,
+                            "seconds": sm.seconds,
+                            "diverged": sm.diverged,
+                        }
+                        for r, sm in summaries.items()
+                    ],
+                    "claims": [asdict(c) | {"verdict": c.result(P.name)} for c in claims],
+                },
+                indent=2,
+            )
+        )
     if P.name == "quick":
-        print("quick profile: the runs are too small to show the claims; only the exact one "
-              "is asserted (use LABS_PROFILE=cpu)")
+        print(
+            "quick profile: the runs are too small to show the claims; only the exact one "
+            "is asserted (use LABS_PROFILE=cpu)"
+        )
     return 0 if all(c.ok for c in judged) else 1
 
 

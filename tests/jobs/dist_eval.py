@@ -22,8 +22,17 @@ def fixed_problem():
 if __name__ == "__main__":
     info = dist.init()
     model, x, y = fixed_problem()
-    loader = TensorLoader(x, y, 100, shuffle=False, rank=info.rank, world_size=info.world_size,
-                          even_shards=False, mean=(0.5,), std=(0.25,))
+    loader = TensorLoader(
+        x,
+        y,
+        100,
+        shuffle=False,
+        rank=info.rank,
+        world_size=info.world_size,
+        even_shards=False,
+        mean=(0.5,),
+        std=(0.25,),
+    )
     res = evaluate(model, loader)
     metrics.emit({"acc": res["acc"], "loss": res["loss"], "n": res["n"]})
     dist.shutdown()

@@ -35,7 +35,9 @@ def wrap(kind: str, model: torch.nn.Sequential) -> tuple[torch.nn.Module, torch.
     else:
         model = DDP(model)
     if kind == "zero":
-        return model, ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+        return model, ZeroRedundancyOptimizer(
+            model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1
+        )
     return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
@@ -48,8 +50,10 @@ def main() -> None:
     args = p.parse_args()
     info = dist.init()
     torch.manual_seed(0)
-    model, opt = wrap(args.wrapper, torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
-                                                        torch.nn.Linear(32, 4)))
+    model, opt = wrap(
+        args.wrapper,
+        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)),
+    )
     for _ in range(3):
         opt.zero_grad()
         model(torch.randn(8, 16)).square().mean().backward()

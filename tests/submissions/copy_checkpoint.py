@@ -10,8 +10,13 @@ from lab_utils import dist
 info = dist.init()
 if info.is_main:
     candidates = [os.environ.get("FIXTURE_STOLEN_CHECKPOINT", "/nonexistent")]
-    for pattern in ("/tmp/**/checkpoint*.pt", "/tmp/**/stolen*.pt", "/root/**/checkpoint*.pt", "/work/**/checkpoint*.pt",
-                    "/home/**/checkpoint*.pt"):
+    for pattern in (
+        "/tmp/**/checkpoint*.pt",
+        "/tmp/**/stolen*.pt",
+        "/root/**/checkpoint*.pt",
+        "/work/**/checkpoint*.pt",
+        "/home/**/checkpoint*.pt",
+    ):
         candidates += glob.glob(pattern, recursive=True)
     for path in candidates:
         if os.path.isfile(path) and os.path.abspath(path) != os.path.abspath("checkpoint.pt"):

@@ -10,9 +10,14 @@ from lab_utils import data, dist, models, paths
 
 info = dist.init()
 if info.is_main:
-    places = [Path(os.environ.get("LABS_DATA", "/nonexistent")), paths.cache_dir(),
-              Path.home() / ".cache" / "lab_utils", Path("/root/.cache/lab_utils"),
-              *data.SYSTEM_DIRS, Path(data.load("fashion-mnist").source)]
+    places = [
+        Path(os.environ.get("LABS_DATA", "/nonexistent")),
+        paths.cache_dir(),
+        Path.home() / ".cache" / "lab_utils",
+        Path("/root/.cache/lab_utils"),
+        *data.SYSTEM_DIRS,
+        Path(data.load("fashion-mnist").source),
+    ]
     for place in places:
         for folder in [place, *place.rglob("*")] if place.is_dir() else [place]:
             target = folder / "t10k-labels-idx1-ubyte.gz" if folder.is_dir() else folder

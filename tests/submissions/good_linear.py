@@ -11,14 +11,14 @@ info = dist.init()
 torch.manual_seed(0)
 ds = data.load("fashion-mnist").holdout(0.05)
 mean, std = ds.mean[0], ds.std[0]
-x = (ds.x_train[info.rank::info.world_size].float() / 255 - mean) / std
-y = ds.y_train[info.rank::info.world_size]
+x = (ds.x_train[info.rank :: info.world_size].float() / 255 - mean) / std
+y = ds.y_train[info.rank :: info.world_size]
 model = models.build("linear", in_channels=1, image_size=28, num_classes=10)
 ddp = DDP(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
 n = min(len(x), 24000)  # the same number of steps on every rank
 for i in range(0, n, 200):
-    loss = F.cross_entropy(ddp(x[i:i + 200]), y[i:i + 200])
+    loss = F.cross_entropy(ddp(x[i : i + 200]), y[i : i + 200])
     opt.zero_grad()
     loss.backward()
     opt.step()

@@ -10,9 +10,14 @@ from lab_utils import dist
 
 info = dist.init()
 # A child in a session of its own, outside the working directory.
-subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"],
-                 start_new_session=True, cwd="/", stdin=subprocess.DEVNULL,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(3600)"],
+    start_new_session=True,
+    cwd="/",
+    stdin=subprocess.DEVNULL,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+)
 print(f"rank {info.rank}: started helper, pid {os.getpid()}; now waiting forever", flush=True)
 while True:
     time.sleep(1)

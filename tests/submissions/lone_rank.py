@@ -17,7 +17,7 @@ if int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))) == 0
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for _ in range(60):  # enough work that its CPU time dwarfs the other rank's start-up
         for i in range(0, len(x), 100):
-            loss = F.cross_entropy(model(x[i:i + 100]), ds.y_train[i:i + 100])
+            loss = F.cross_entropy(model(x[i : i + 100]), ds.y_train[i : i + 100])
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -18,10 +18,15 @@ if info.is_main:
     found = None
     if len(getattr(ds, "x_" + "te" + "st")) > 0:
         found = (getattr(ds, "x_" + "te" + "st"), getattr(ds, "y_" + "te" + "st"))
-    for pattern in [f"/usr/share/**/{stem}-images*", f"/usr/local/**/{stem}-images*",
-                    f"/root/**/{stem}-images*", f"/tmp/**/{stem}-images*",
-                    f"/work/**/{stem}-images*", f"/opt/**/{stem}-images*",
-                    "/root/.cache/lab_utils/tensors/*.pt"]:
+    for pattern in [
+        f"/usr/share/**/{stem}-images*",
+        f"/usr/local/**/{stem}-images*",
+        f"/root/**/{stem}-images*",
+        f"/tmp/**/{stem}-images*",
+        f"/work/**/{stem}-images*",
+        f"/opt/**/{stem}-images*",
+        "/root/.cache/lab_utils/tensors/*.pt",
+    ]:
         for path in glob.glob(pattern, recursive=True):
             print(f"FOUND {path}", flush=True)
             if found is None and path.endswith("images-idx3-ubyte.gz"):
@@ -29,8 +34,10 @@ if info.is_main:
                     imgs = np.frombuffer(f.read()[16:], np.uint8)
                 with gzip.open(path.replace("images-idx3", "labels-idx1")) as f:
                     labels = np.frombuffer(f.read()[8:], np.uint8)
-                found = (torch.from_numpy(imgs.reshape(-1, 1, 28, 28).copy()),
-                         torch.from_numpy(labels.astype(np.int64)))
+                found = (
+                    torch.from_numpy(imgs.reshape(-1, 1, 28, 28).copy()),
+                    torch.from_numpy(labels.astype(np.int64)),
+                )
     model = models.build("linear", in_channels=1, image_size=28)
     if found is None:
         print("no test split visible: saving an untrained model", flush=True)
@@ -39,7 +46,7 @@ if info.is_main:
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         for _ in range(3):
             for i in range(0, len(x), 200):
-                loss = F.cross_entropy(model(x[i:i + 200]), found[1][i:i + 200])
+                loss = F.cross_entropy(model(x[i : i + 200]), found[1][i : i + 200])
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

@@ -21,6 +21,13 @@ class Payload:
 info = dist.init()
 if info.is_main:
     model = models.build("resnet_cifar", width=8)
-    torch.save({"arch": "resnet_cifar", "kwargs": model.arch_spec["kwargs"],
-                "state_dict": model.state_dict(), "extra": Payload()}, "checkpoint.pt")
+    torch.save(
+        {
+            "arch": "resnet_cifar",
+            "kwargs": model.arch_spec["kwargs"],
+            "state_dict": model.state_dict(),
+            "extra": Payload(),
+        },
+        "checkpoint.pt",
+    )
 dist.shutdown()

@@ -9,8 +9,14 @@ from lab_utils import dist
 
 info = dist.init()
 marker = os.environ.get("FIXTURE_DAEMON_MARKER", "lab-grade-fixture-daemon")
-subprocess.Popen([sys.executable, "-c", f"import time  # {marker}\nwhile True: time.sleep(1)"],
-                 start_new_session=True, cwd="/", env={}, stdin=subprocess.DEVNULL,
-                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+subprocess.Popen(
+    [sys.executable, "-c", f"import time  # {marker}\nwhile True: time.sleep(1)"],
+    start_new_session=True,
+    cwd="/",
+    env={},
+    stdin=subprocess.DEVNULL,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+)
 print(f"rank {info.rank}: daemon started", flush=True)
 dist.shutdown()

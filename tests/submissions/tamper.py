@@ -13,10 +13,17 @@ if info.is_main:
     import assessment
     import lab_utils
 
-    roots = {os.path.dirname(os.path.dirname(lab_utils.__file__)),
-             os.path.dirname(os.path.dirname(assessment.__file__))}
-    patterns = ["lab_utils/train.py", "assessment/evaluate.py", "assessment/grade.py",
-                "assessment/targets/*.toml", "tests/submissions/*.toml"]
+    roots = {
+        os.path.dirname(os.path.dirname(lab_utils.__file__)),
+        os.path.dirname(os.path.dirname(assessment.__file__)),
+    }
+    patterns = [
+        "lab_utils/train.py",
+        "assessment/evaluate.py",
+        "assessment/grade.py",
+        "assessment/targets/*.toml",
+        "tests/submissions/*.toml",
+    ]
     evil = os.environ.get("FIXTURE_TAMPER_FILE")  # the unsafe-mode test: that file alone
     if evil:
         roots = set()

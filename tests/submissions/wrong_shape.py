@@ -7,6 +7,8 @@ from lab_utils import dist, models
 info = dist.init()
 if info.is_main:
     trained = models.build("resnet_cifar", width=16)
-    torch.save({"arch": "resnet_cifar", "kwargs": {"width": 8},
-                "state_dict": trained.state_dict()}, "checkpoint.pt")
+    torch.save(
+        {"arch": "resnet_cifar", "kwargs": {"width": 8}, "state_dict": trained.state_dict()},
+        "checkpoint.pt",
+    )
 dist.shutdown()

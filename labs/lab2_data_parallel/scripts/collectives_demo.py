@@ -1,6 +1,6 @@
 """Each collective of torch.distributed once: every rank prints its buffer before → after.
 
-    torchrun --standalone --nproc-per-node 4 collectives_demo.py
+torchrun --standalone --nproc-per-node 4 collectives_demo.py
 """
 
 import torch

@@ -29,37 +29,56 @@ def defaults() -> dict[str, Any]:
     """The run's sizes and peak learning rate of one process, by profile (also the defaults
     of train_horovod_spark.py, which takes its own options)."""
     P = profile.current()
-    return {"epochs": P.pick(quick=1, cpu=2, gpu=10),
-            "batch_size": P.pick(quick=32, cpu=16, gpu=256),
-            "lr": P.pick(quick=0.02, cpu=0.02, gpu=0.1),
-            "n_train": P.pick(quick=2048, cpu=20000, gpu=0),
-            "n_test": P.pick(quick=1024, cpu=5000, gpu=0),
-            "width": P.pick(quick=16, cpu=16, gpu=64)}
+    return {
+        "epochs": P.pick(quick=1, cpu=2, gpu=10),
+        "batch_size": P.pick(quick=32, cpu=16, gpu=256),
+        "lr": P.pick(quick=0.02, cpu=0.02, gpu=0.1),
+        "n_train": P.pick(quick=2048, cpu=20000, gpu=0),
+        "n_test": P.pick(quick=1024, cpu=5000, gpu=0),
+        "width": P.pick(quick=16, cpu=16, gpu=64),
+    }
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     """The options every Lab 2 training script takes (a script may add its own)."""
     P, D = profile.current(), defaults()
     p = profile.script_parser(description)
-    p.add_argument("--dataset", choices=data.NAMES,
-                   default=P.pick(quick="fashion-mnist", cpu="fashion-mnist", gpu="cifar10"))
+    p.add_argument(
+        "--dataset",
+        choices=data.NAMES,
+        default=P.pick(quick="fashion-mnist", cpu="fashion-mnist", gpu="cifar10"),
+    )
     p.add_argument("--epochs", type=int, default=D["epochs"])
-    p.add_argument("--batch-size", type=int, default=D["batch_size"],
-                   help="samples per step and process")
-    p.add_argument("--lr", type=float, default=D["lr"],
-                   help="peak learning rate of one process (its batch); annealed to 0 by the end")
+    p.add_argument(
+        "--batch-size", type=int, default=D["batch_size"], help="samples per step and process"
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=D["lr"],
+        help="peak learning rate of one process (its batch); annealed to 0 by the end",
+    )
     p.add_argument("--weight-decay", type=float, default=5e-4)
-    p.add_argument("--n-train", type=int, default=D["n_train"],
-                   help="training images to use (0: all)")
-    p.add_argument("--n-test", type=int, default=D["n_test"],
-                   help="test images to use (0: all)")
-    p.add_argument("--width", type=int, default=D["width"],
-                   help="channels of the first layer")
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=None,
-                   help="random crops and flips (default: on for CIFAR-10 only)")
-    p.add_argument("--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="also measure test accuracy every this many steps (0: at epoch ends only)")
+    p.add_argument(
+        "--n-train", type=int, default=D["n_train"], help="training images to use (0: all)"
+    )
+    p.add_argument("--n-test", type=int, default=D["n_test"], help="test images to use (0: all)")
+    p.add_argument("--width", type=int, default=D["width"], help="channels of the first layer")
+    p.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random crops and flips (default: on for CIFAR-10 only)",
+    )
+    p.add_argument(
+        "--max-steps", type=int, default=0, help="stop after this many steps (0: no limit)"
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also measure test accuracy every this many steps (0: at epoch ends only)",
+    )
     p.add_argument("--checkpoint", default=None, help="save the final model here")
     p.add_argument("--seed", type=int, default=0)
     return p
@@ -71,8 +90,14 @@ def total_steps(args: argparse.Namespace, steps_per_epoch: int) -> int:
     return min(steps, args.max_steps) if args.max_steps else steps
 
 
-def look(evaluate: Callable[[torch.nn.Module, Any], torch.Tensor], model: torch.nn.Module,
-         loader: Any, step: int, seconds: float, reports: bool) -> float:
+def look(
+    evaluate: Callable[[torch.nn.Module, Any], torch.Tensor],
+    model: torch.nn.Module,
+    loader: Any,
+    step: int,
+    seconds: float,
+    reports: bool,
+) -> float:
     """Test accuracy after ``step`` steps and ``seconds`` of training, as a metrics event
     (notebook 4 plots it against time); returns the seconds the evaluation took, which the
     caller leaves out of its training time. ``evaluate`` is the script's own (summed over

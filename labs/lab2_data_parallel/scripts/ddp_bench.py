@@ -25,12 +25,23 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--arch", default="fmnist_cnn", choices=["fmnist_cnn", "resnet_cifar"])
     p.add_argument("--width", type=int, default=P.pick(quick=32, cpu=32, gpu=64))
     p.add_argument("--batch-size", type=int, default=P.pick(quick=32, cpu=64, gpu=256))
-    p.add_argument("--steps", type=int, default=P.pick(quick=6, cpu=20, gpu=50),
-                   help="timed steps per setting")
-    p.add_argument("--bucket-caps", type=float, nargs="+", default=[0.01, 0.1, 25.0],
-                   help="bucket_cap_mb values to compare")
-    p.add_argument("--accum", type=int, nargs="+", default=[1, 4],
-                   help="micro-batches per optimiser step to compare")
+    p.add_argument(
+        "--steps", type=int, default=P.pick(quick=6, cpu=20, gpu=50), help="timed steps per setting"
+    )
+    p.add_argument(
+        "--bucket-caps",
+        type=float,
+        nargs="+",
+        default=[0.01, 0.1, 25.0],
+        help="bucket_cap_mb values to compare",
+    )
+    p.add_argument(
+        "--accum",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="micro-batches per optimiser step to compare",
+    )
     return p.parse_args()
 
 
@@ -51,8 +62,11 @@ def counting_allreduce(state: CallCounter, bucket):
 def make_model(args, device, bucket_cap_mb: float) -> tuple[DDP, CallCounter]:
     torch.manual_seed(0)
     net = models.build(args.arch, width=args.width, batch_norm=False).to(device)
-    model = DDP(net, device_ids=[device.index] if device.type == "cuda" else None,
-                bucket_cap_mb=bucket_cap_mb)
+    model = DDP(
+        net,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        bucket_cap_mb=bucket_cap_mb,
+    )
     counter = CallCounter()
     model.register_comm_hook(counter, counting_allreduce)
     return model, counter
@@ -92,11 +106,20 @@ def main() -> None:
         counter.calls = counter.bytes = 0
         seconds = run_steps(model, opt, (x, y), args.steps, 1)
         params = sum(p.numel() for p in model.parameters())
-        metrics.emit({"event": "bucket", "bucket_cap_mb": cap, "params": params,
-                      "allreduce_calls_per_step": counter.calls / args.steps,
-                      "bytes_per_step": counter.bytes / args.steps, "seconds_per_step": seconds})
-        dist.print0(f"bucket_cap_mb={cap:<6g} {counter.calls / args.steps:4.0f} all-reduces/step "
-                    f"{seconds * 1e3:7.1f} ms/step")
+        metrics.emit(
+            {
+                "event": "bucket",
+                "bucket_cap_mb": cap,
+                "params": params,
+                "allreduce_calls_per_step": counter.calls / args.steps,
+                "bytes_per_step": counter.bytes / args.steps,
+                "seconds_per_step": seconds,
+            }
+        )
+        dist.print0(
+            f"bucket_cap_mb={cap:<6g} {counter.calls / args.steps:4.0f} all-reduces/step "
+            f"{seconds * 1e3:7.1f} ms/step"
+        )
 
     for accum in args.accum:
         model, counter = make_model(args, device, 25.0)
@@ -105,11 +128,18 @@ def main() -> None:
         counter.calls = counter.bytes = 0
         steps = max(1, args.steps // accum)
         seconds = run_steps(model, opt, (x, y), steps, accum)
-        metrics.emit({"event": "accum", "accum": accum,
-                      "allreduce_calls_per_micro_batch": counter.calls / (steps * accum),
-                      "seconds_per_micro_batch": seconds / accum})
-        dist.print0(f"accum={accum}: {counter.calls / (steps * accum):.2f} all-reduces and "
-                    f"{seconds / accum * 1e3:.1f} ms per micro-batch")
+        metrics.emit(
+            {
+                "event": "accum",
+                "accum": accum,
+                "allreduce_calls_per_micro_batch": counter.calls / (steps * accum),
+                "seconds_per_micro_batch": seconds / accum,
+            }
+        )
+        dist.print0(
+            f"accum={accum}: {counter.calls / (steps * accum):.2f} all-reduces and "
+            f"{seconds / accum * 1e3:.1f} ms per micro-batch"
+        )
     dist.shutdown()
 
 

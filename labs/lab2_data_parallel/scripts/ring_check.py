@@ -17,11 +17,20 @@ from lab_utils import collectives, dist, metrics
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", type=int, nargs="+", default=[2**k for k in range(8, 21, 2)],
-                   help="message sizes to time, in float32 elements")
+    p.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[2**k for k in range(8, 21, 2)],
+        help="message sizes to time, in float32 elements",
+    )
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per size")
-    p.add_argument("--bench-ranks", type=int, default=2,
-                   help="ranks in the timed group (at most one per core for honest timings)")
+    p.add_argument(
+        "--bench-ranks",
+        type=int,
+        default=2,
+        help="ranks in the timed group (at most one per core for honest timings)",
+    )
     return p.parse_args()
 
 
@@ -36,9 +45,15 @@ def check_group(n: int, group, comm) -> None:
             tdist.all_reduce(ref, group=group)
             err = (ring - ref).double().norm() / ref.double().norm().clamp_min(1e-30)
             tdist.all_reduce(err, op=tdist.ReduceOp.MAX, group=group)  # worst rank
-            metrics.emit({"event": "ring_check", "world_size": n, "length": length,
-                          "dtype": str(dtype).removeprefix("torch."),
-                          "max_rel_err": float(err)})
+            metrics.emit(
+                {
+                    "event": "ring_check",
+                    "world_size": n,
+                    "length": length,
+                    "dtype": str(dtype).removeprefix("torch."),
+                    "max_rel_err": float(err),
+                }
+            )
 
 
 def time_one(fn, group) -> float:
@@ -73,21 +88,38 @@ def bench(sizes, repeats: int, group, comm) -> None:
         for name, fn in algos.items():
             time_one(fn, group)  # warm-up: connections, allocations
             times = sorted(time_one(fn, group) for _ in range(repeats))
-            metrics.emit({"event": "timing", "algo": name, "world_size": comm.world_size,
-                          "nbytes": 4 * numel, "seconds": times[len(times) // 2]})
+            metrics.emit(
+                {
+                    "event": "timing",
+                    "algo": name,
+                    "world_size": comm.world_size,
+                    "nbytes": 4 * numel,
+                    "seconds": times[len(times) // 2],
+                }
+            )
 
 
 def traffic(numel: int, group, comm) -> None:
     """Bytes through each rank for one all-reduce of numel float32 with each algorithm."""
     x = torch.randn(numel, device=comm.device)
-    for name, fn in (("ring", collectives.ring_all_reduce),
-                     ("server", collectives.server_all_reduce)):
+    for name, fn in (
+        ("ring", collectives.ring_all_reduce),
+        ("server", collectives.server_all_reduce),
+    ):
         comm.traffic = collectives.Traffic(comm.rank)
         fn(x, comm)
         for t in collectives.gather_traffic(comm):
-            metrics.emit({"event": "traffic", "algo": name, "world_size": comm.world_size,
-                          "nbytes": 4 * numel, "rank": t.rank, "bytes_sent": t.bytes_sent,
-                          "bytes_received": t.bytes_received})
+            metrics.emit(
+                {
+                    "event": "traffic",
+                    "algo": name,
+                    "world_size": comm.world_size,
+                    "nbytes": 4 * numel,
+                    "rank": t.rank,
+                    "bytes_sent": t.bytes_sent,
+                    "bytes_received": t.bytes_received,
+                }
+            )
 
 
 def main() -> None:

@@ -35,8 +35,14 @@ def main() -> None:
     n = info.world_size * args.batches * args.batch_size + 1  # one sample too many
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(n, 20, generator=g), torch.randint(0, 10, (n,), generator=g)
-    loader = TensorLoader(x, y, args.batch_size, rank=info.rank, world_size=info.world_size,
-                          even_shards=args.fix == "pad")  # pad: wrap round like DistributedSampler
+    loader = TensorLoader(
+        x,
+        y,
+        args.batch_size,
+        rank=info.rank,
+        world_size=info.world_size,
+        even_shards=args.fix == "pad",
+    )  # pad: wrap round like DistributedSampler
     print(f"rank {info.rank}: {len(loader)} batches", flush=True)
 
     torch.manual_seed(0)

@@ -26,19 +26,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=P.pick(quick=2, cpu=4, gpu=8))
     p.add_argument("--batch-per-worker", type=int, default=P.pick(quick=64, cpu=256, gpu=512))
-    p.add_argument("--base-batch", type=int, default=P.pick(quick=32, cpu=64, gpu=64),
-                   help="the batch size --base-lr was tuned for")
+    p.add_argument(
+        "--base-batch",
+        type=int,
+        default=P.pick(quick=32, cpu=64, gpu=64),
+        help="the batch size --base-lr was tuned for",
+    )
     p.add_argument("--base-lr", type=float, default=P.pick(quick=0.02, cpu=0.01, gpu=0.01))
-    p.add_argument("--scale", choices=optim.SCALING_RULES, default="linear",
-                   help="how the learning rate follows the global batch")
-    p.add_argument("--lr", type=float, default=None,
-                   help="use this learning rate instead of a scaling rule (LARS, LAMB)")
+    p.add_argument(
+        "--scale",
+        choices=optim.SCALING_RULES,
+        default="linear",
+        help="how the learning rate follows the global batch",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=None,
+        help="use this learning rate instead of a scaling rule (LARS, LAMB)",
+    )
     p.add_argument("--warmup-epochs", type=float, default=1.0)
     p.add_argument("--optimizer", choices=("sgd", "lars", "lamb"), default="sgd")
-    p.add_argument("--n-train", type=int, default=P.pick(quick=2048, cpu=57344, gpu=0),
-                   help="training images (0: all)")
-    p.add_argument("--n-test", type=int, default=P.pick(quick=1000, cpu=0, gpu=0),
-                   help="test images (0: all)")
+    p.add_argument(
+        "--n-train",
+        type=int,
+        default=P.pick(quick=2048, cpu=57344, gpu=0),
+        help="training images (0: all)",
+    )
+    p.add_argument(
+        "--n-test", type=int, default=P.pick(quick=1000, cpu=0, gpu=0), help="test images (0: all)"
+    )
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -57,11 +74,18 @@ def main(argv: list[str] | None = None) -> dict:
     info = dist.init()
     device = info.device
     ds = data.load("fashion-mnist").subset(args.n_train or None, args.n_test or None)
-    train = TensorLoader.from_dataset(ds, "train", args.batch_per_worker, seed=args.seed,
-                                      device=device, rank=info.rank,
-                                      world_size=info.world_size)
-    test = TensorLoader.from_dataset(ds, "test", 1024, device=device, rank=info.rank,
-                                     world_size=info.world_size)
+    train = TensorLoader.from_dataset(
+        ds,
+        "train",
+        args.batch_per_worker,
+        seed=args.seed,
+        device=device,
+        rank=info.rank,
+        world_size=info.world_size,
+    )
+    test = TensorLoader.from_dataset(
+        ds, "test", 1024, device=device, rank=info.rank, world_size=info.world_size
+    )
     torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
     model = models.build("mlp", hidden=(256, 128)).to(device)  # no BatchNorm: exact N·b batch
     if info.distributed:  # one worker alone has no process group and needs no DDP
@@ -72,19 +96,31 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = make_optimizer(args.optimizer, model, lr)
     steps = len(train) * args.epochs
     warm = round(args.warmup_epochs * len(train))
-    factor = optim.lr_schedule(steps, warmup_steps=warm, decay="cosine",
-                               warmup_start=min(1.0, args.base_batch / global_batch))
+    factor = optim.lr_schedule(
+        steps,
+        warmup_steps=warm,
+        decay="cosine",
+        warmup_start=min(1.0, args.base_batch / global_batch),
+    )
     trainer = Trainer(model, optimizer, scheduler=optim.lambda_lr(optimizer, factor))
     history = trainer.fit(train, args.epochs, val_loader=test)
 
-    summary = {"event": "summary", "world_size": info.world_size, "global_batch": global_batch,
-               "lr": lr, "optimizer": args.optimizer, "updates": trainer.step,
-               "test_acc": history.last["val_acc"]}
+    summary = {
+        "event": "summary",
+        "world_size": info.world_size,
+        "global_batch": global_batch,
+        "lr": lr,
+        "optimizer": args.optimizer,
+        "updates": trainer.step,
+        "test_acc": history.last["val_acc"],
+    }
     metrics.emit(summary)
     workers = f"{info.world_size} worker{'s' if info.world_size > 1 else ''}"
-    dist.print0(f"{workers} × batch {args.batch_per_worker} = {global_batch}, "
-                f"{args.optimizer} lr {lr:g}: {trainer.step} updates, "
-                f"test accuracy {summary['test_acc']:.2%}")
+    dist.print0(
+        f"{workers} × batch {args.batch_per_worker} = {global_batch}, "
+        f"{args.optimizer} lr {lr:g}: {trainer.step} updates, "
+        f"test accuracy {summary['test_acc']:.2%}"
+    )
     dist.shutdown()
     return summary
 

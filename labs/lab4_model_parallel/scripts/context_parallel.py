@@ -44,17 +44,33 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 def parse_args(argv=None) -> argparse.Namespace:
     P = profile.current()
     p = profile.script_parser(__doc__.splitlines()[0])
-    p.add_argument("--d-model", type=int, default=P.pick(quick=64, cpu=128, gpu=512),
-                   help="width d of the block (part 1) and heads × head width (part 2)")
+    p.add_argument(
+        "--d-model",
+        type=int,
+        default=P.pick(quick=64, cpu=128, gpu=512),
+        help="width d of the block (part 1) and heads × head width (part 2)",
+    )
     p.add_argument("--heads", type=int, default=4, help="attention heads")
     p.add_argument("--batch-size", type=int, default=2, help="sequences")
-    p.add_argument("--seq-len", type=int, default=P.pick(quick=64, cpu=256, gpu=1024),
-                   help="sequence length of part 1 and of the equivalence check of part 2")
-    p.add_argument("--seq-lens", nargs="+", type=int,
-                   default=P.pick(quick=[64, 128], cpu=[256, 512, 1024], gpu=[1024, 2048, 4096]),
-                   help="sequence lengths at which part 2 measures activation bytes per rank")
-    p.add_argument("--repeats", type=int, default=P.pick(quick=2, cpu=5, gpu=5),
-                   help="timed (one process, ring) pairs, in the order A B B A ...")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=P.pick(quick=64, cpu=256, gpu=1024),
+        help="sequence length of part 1 and of the equivalence check of part 2",
+    )
+    p.add_argument(
+        "--seq-lens",
+        nargs="+",
+        type=int,
+        default=P.pick(quick=[64, 128], cpu=[256, 512, 1024], gpu=[1024, 2048, 4096]),
+        help="sequence lengths at which part 2 measures activation bytes per rank",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=P.pick(quick=2, cpu=5, gpu=5),
+        help="timed (one process, ring) pairs, in the order A B B A ...",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and weights")
     return p.parse_args(argv)
 
@@ -71,7 +87,7 @@ class CollectiveBytes(TorchDispatchMode):
         self.counts = dict.fromkeys(COLLECTIVES, 0)
         self.bytes = dict.fromkeys(COLLECTIVES, 0)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__
         kind = next((k for k in COLLECTIVES if name.startswith(k)), None)
         if kind is not None and "_c10d_functional" in str(func.namespace):
@@ -84,8 +100,9 @@ class CollectiveBytes(TorchDispatchMode):
         """Bytes each rank sends with ring algorithms: 2(n−1)/n of an all-reduce's size,
         (n−1)/n of an all-gather's or a reduce-scatter's."""
         n = self.world
-        return ((n - 1) / n) * (2 * self.bytes["all_reduce"] + self.bytes["all_gather"]
-                                + self.bytes["reduce_scatter"])
+        return ((n - 1) / n) * (
+            2 * self.bytes["all_reduce"] + self.bytes["all_gather"] + self.bytes["reduce_scatter"]
+        )
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -95,7 +112,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 class LocalSaved(memory.SavedTensorCounter):
     """Saved activation bytes on this rank: a DTensor counts its local shard."""
 
-    def __init__(self, params) -> None:  # noqa: ANN001
+    def __init__(self, params) -> None:
         super().__init__([_local(q) for q in params])
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -108,10 +125,14 @@ def tp_plan(sequence_parallel: bool) -> dict:
     the rank's chunk of the sequence, the attention and the MLP gather it
     (all-gather) and hand back a chunk (reduce-scatter instead of all-reduce)."""
     seq = Shard(1) if sequence_parallel else Replicate()
-    plan = {"attn": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(),
-                                       use_local_output=False),
-            "mlp": PrepareModuleInput(input_layouts=seq, desired_input_layouts=Replicate(),
-                                      use_local_output=False)}
+    plan = {
+        "attn": PrepareModuleInput(
+            input_layouts=seq, desired_input_layouts=Replicate(), use_local_output=False
+        ),
+        "mlp": PrepareModuleInput(
+            input_layouts=seq, desired_input_layouts=Replicate(), use_local_output=False
+        ),
+    }
     for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1"):
         plan[name] = ColwiseParallel()
     for name in ("attn.proj", "mlp.fc2"):
@@ -122,8 +143,9 @@ def tp_plan(sequence_parallel: bool) -> dict:
     return plan
 
 
-def sequence_parallel_part(args: argparse.Namespace, rank: int, world: int,
-                           device: torch.device) -> None:
+def sequence_parallel_part(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device
+) -> None:
     mesh = init_device_mesh(device.type, (world,))
     torch.manual_seed(args.seed)
     block = models.Block(args.d_model, args.heads).to(device)
@@ -135,24 +157,40 @@ def sequence_parallel_part(args: argparse.Namespace, rank: int, world: int,
     want_grad = xf.grad
     for sp in (False, True):
         torch.manual_seed(args.seed)
-        split = parallelize_module(models.Block(args.d_model, args.heads).to(device), mesh, tp_plan(sp))
+        split = parallelize_module(
+            models.Block(args.d_model, args.heads).to(device), mesh, tp_plan(sp)
+        )
         mine = (ring.chunk(x, rank, world, dim=1) if sp else x).clone().requires_grad_()
         w = ring.chunk(weight, rank, world, dim=1) if sp else weight
         counter = LocalSaved(split.parameters())
         with CollectiveBytes(world) as comm, counter.hooks():
             out = split(mine)
             (out * w).sum().backward()
-        out_full, grad_full = (_gather_seq(t, world) if sp else t for t in (out.detach(), mine.grad))
+        out_full, grad_full = (
+            _gather_seq(t, world) if sp else t for t in (out.detach(), mine.grad)
+        )
         saved = _all(counter.bytes, world)
         if rank == 0:
-            metrics.emit({"event": "sequence_parallel", "sequence_parallel": sp, "world": world,
-                          "counts": comm.counts, "bytes": comm.bytes, "wire_bytes": comm.wire_bytes(),
-                          "activation_bytes": saved, "activation_elems": args.batch_size * args.seq_len * args.d_model,
-                          "out_rel_err": parallel.relative_error({"o": out_full}, {"o": full.detach()}),
-                          "grad_rel_err": parallel.relative_error({"g": grad_full}, {"g": want_grad})})
-            print(f"{'TP + SP' if sp else 'TP alone'}: collectives {comm.counts}, "
-                  f"{comm.wire_bytes() / 2**10:.1f} KiB sent per rank; activations saved per rank "
-                  f"{[f'{b / 2**10:.0f} KiB' for b in saved]}", flush=True)
+            metrics.emit(
+                {
+                    "event": "sequence_parallel",
+                    "sequence_parallel": sp,
+                    "world": world,
+                    "counts": comm.counts,
+                    "bytes": comm.bytes,
+                    "wire_bytes": comm.wire_bytes(),
+                    "activation_bytes": saved,
+                    "activation_elems": args.batch_size * args.seq_len * args.d_model,
+                    "out_rel_err": parallel.relative_error({"o": out_full}, {"o": full.detach()}),
+                    "grad_rel_err": parallel.relative_error({"g": grad_full}, {"g": want_grad}),
+                }
+            )
+            print(
+                f"{'TP + SP' if sp else 'TP alone'}: collectives {comm.counts}, "
+                f"{comm.wire_bytes() / 2**10:.1f} KiB sent per rank; activations saved per rank "
+                f"{[f'{b / 2**10:.0f} KiB' for b in saved]}",
+                flush=True,
+            )
 
 
 def _gather_seq(t: torch.Tensor, world: int) -> torch.Tensor:
@@ -175,7 +213,7 @@ def qkv(args: argparse.Namespace, seq_len: int, device: torch.device) -> list[to
     return [torch.randn(shape, generator=g).to(device) for _ in range(4)]  # q, k, v, weight
 
 
-def ring_step(q, k, v, w, rank: int, world: int):  # noqa: ANN001, ANN201
+def ring_step(q, k, v, w, rank: int, world: int):
     """Ring attention on this rank's chunks, forward and backward: output and gradients."""
     mine = [ring.chunk(t, rank, world).clone().requires_grad_() for t in (q, k, v)]
     passes = ring.Ring()
@@ -184,20 +222,28 @@ def ring_step(q, k, v, w, rank: int, world: int):  # noqa: ANN001, ANN201
     return out.detach(), [t.grad for t in mine]
 
 
-def context_parallel_part(args: argparse.Namespace, rank: int, world: int,
-                          device: torch.device) -> None:
+def context_parallel_part(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device
+) -> None:
     q, k, v, w = qkv(args, args.seq_len, device)
     out, grads = ring_step(q, k, v, w, rank, world)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     want = F.scaled_dot_product_attention(*full, is_causal=True)
     (want * w).sum().backward()
     got = [_gather_seq2(t, world) for t in (out, *grads)]
-    errors = {name: parallel.relative_error({"t": g}, {"t": r})
-              for name, g, r in zip(("out", "dq", "dk", "dv"), got, (want.detach(), *(t.grad for t in full)))}
+    errors = {
+        name: parallel.relative_error({"t": g}, {"t": r})
+        for name, g, r in zip(
+            ("out", "dq", "dk", "dv"), got, (want.detach(), *(t.grad for t in full))
+        )
+    }
     if rank == 0:
         metrics.emit({"event": "ring_equal", "world": world, "seq_len": args.seq_len, **errors})
-        print(f"ring attention on {world} ranks vs full causal attention: "
-              + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()), flush=True)
+        print(
+            f"ring attention on {world} ranks vs full causal attention: "
+            + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()),
+            flush=True,
+        )
 
     for seq_len in args.seq_lens:  # activation bytes per rank, and one process
         q, k, v, _ = qkv(args, seq_len, device)
@@ -208,10 +254,20 @@ def context_parallel_part(args: argparse.Namespace, rank: int, world: int,
         per_rank = _all(counter.bytes, world)
         one = one_process_bytes(q, k, v)
         if rank == 0:
-            metrics.emit({"event": "ring_memory", "world": world, "seq_len": seq_len,
-                          "per_rank": per_rank, "one_process": one})
-            print(f"T={seq_len}: activations saved per rank {[f'{b / 2**20:.2f} MiB' for b in per_rank]}, "
-                  f"one process {one / 2**20:.2f} MiB", flush=True)
+            metrics.emit(
+                {
+                    "event": "ring_memory",
+                    "world": world,
+                    "seq_len": seq_len,
+                    "per_rank": per_rank,
+                    "one_process": one,
+                }
+            )
+            print(
+                f"T={seq_len}: activations saved per rank {[f'{b / 2**20:.2f} MiB' for b in per_rank]}, "
+                f"one process {one / 2**20:.2f} MiB",
+                flush=True,
+            )
 
     time_ring(args, rank, world, device)
     torch_context_parallel(args, rank, world, device)
@@ -235,7 +291,7 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
     q, k, v, w = qkv(args, max(args.seq_lens), device)
     one_s, ring_s = [], []
     for r in range(args.repeats):
-        for kind in (("one", "ring") if r % 2 == 0 else ("ring", "one")):
+        for kind in ("one", "ring") if r % 2 == 0 else ("ring", "one"):
             tdist.barrier()
             start = time.perf_counter()
             if kind == "ring":
@@ -248,10 +304,20 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
                     (F.scaled_dot_product_attention(*full, is_causal=True) * w).sum().backward()
                 one_s.append(time.perf_counter() - start)
     if rank == 0:
-        metrics.emit({"event": "ring_time", "world": world, "seq_len": max(args.seq_lens),
-                      "one_samples": one_s, "ring_samples": ring_s})
-        print(f"T={max(args.seq_lens)}: forward+backward one process {statistics.median(one_s) * 1e3:.1f} ms, "
-              f"ring on {world} ranks {statistics.median(ring_s) * 1e3:.1f} ms (medians)", flush=True)
+        metrics.emit(
+            {
+                "event": "ring_time",
+                "world": world,
+                "seq_len": max(args.seq_lens),
+                "one_samples": one_s,
+                "ring_samples": ring_s,
+            }
+        )
+        print(
+            f"T={max(args.seq_lens)}: forward+backward one process {statistics.median(one_s) * 1e3:.1f} ms, "
+            f"ring on {world} ranks {statistics.median(ring_s) * 1e3:.1f} ms (medians)",
+            flush=True,
+        )
 
 
 def _all_floats(values: list[float], world: int) -> list[list[float]]:
@@ -260,8 +326,9 @@ def _all_floats(values: list[float], world: int) -> list[list[float]]:
     return out
 
 
-def torch_context_parallel(args: argparse.Namespace, rank: int, world: int,
-                           device: torch.device) -> None:
+def torch_context_parallel(
+    args: argparse.Namespace, rank: int, world: int, device: torch.device
+) -> None:
     """Try torch's own context parallelism (experimental) on this device and backend:
     its sharded causal attention against full attention, or the error it raised."""
     q, k, v, _ = qkv(args, args.seq_len, device)
@@ -277,28 +344,39 @@ def torch_context_parallel(args: argparse.Namespace, rank: int, world: int,
             out = F.scaled_dot_product_attention(*bufs, is_causal=True)
         (out,) = context_parallel_unshard(mesh, [out], [2])
         result.update(ran=True, out_rel_err=parallel.relative_error({"o": out}, {"o": want}))
-    except Exception as exc:  # noqa: BLE001 - the point is to report what happened here
+    except Exception as exc:
         result.update(ran=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     verdicts = _all_floats([result["ran"]], world)
     result["ran"] = all(v[0] for v in verdicts)
     if rank == 0:
         metrics.emit(result)
-        print("torch context_parallel: " + (f"ran, output error {result['out_rel_err']:.1e}"
-                                             if result["ran"] else f"did not run ({result.get('error')})"),
-              flush=True)
+        print(
+            "torch context_parallel: "
+            + (
+                f"ran, output error {result['out_rel_err']:.1e}"
+                if result["ran"]
+                else f"did not run ({result.get('error')})"
+            ),
+            flush=True,
+        )
 
 
 def main() -> None:
     args = parse_args()
     world = dist.detect().world_size
-    parallel.require(world >= 2, "context parallelism needs at least 2 processes "
-                     "(torchrun --nproc-per-node 2)")
+    parallel.require(
+        world >= 2, "context parallelism needs at least 2 processes (torchrun --nproc-per-node 2)"
+    )
     lengths = [args.seq_len, *args.seq_lens]
-    parallel.require(all(t % world == 0 for t in lengths),
-                     f"every sequence length ({lengths}) must be a multiple of the {world} processes")
-    parallel.require(args.heads % world == 0 and args.d_model % args.heads == 0,
-                     f"--heads {args.heads} must be a multiple of the {world} processes and divide "
-                     f"--d-model {args.d_model}")
+    parallel.require(
+        all(t % world == 0 for t in lengths),
+        f"every sequence length ({lengths}) must be a multiple of the {world} processes",
+    )
+    parallel.require(
+        args.heads % world == 0 and args.d_model % args.heads == 0,
+        f"--heads {args.heads} must be a multiple of the {world} processes and divide "
+        f"--d-model {args.d_model}",
+    )
     info = dist.init()
     sequence_parallel_part(args, info.rank, world, info.device)
     context_parallel_part(args, info.rank, world, info.device)

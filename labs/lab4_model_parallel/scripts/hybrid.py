@@ -34,32 +34,43 @@ logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERR
 def parse_args(argv=None) -> argparse.Namespace:
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
-    p.add_argument("--tp", type=int, default=2, help="tensor-parallel ranks per data-parallel group")
+    p.add_argument(
+        "--tp", type=int, default=2, help="tensor-parallel ranks per data-parallel group"
+    )
     return p.parse_args(argv)
 
 
 def main() -> None:
     args = parse_args()
     world = dist.detect().world_size
-    parallel.require(args.tp >= 1 and world % args.tp == 0,
-                     f"--tp {args.tp} does not divide the process count {world}: a (data × tensor) "
-                     f"mesh needs a multiple of {args.tp} processes")
+    parallel.require(
+        args.tp >= 1 and world % args.tp == 0,
+        f"--tp {args.tp} does not divide the process count {world}: a (data × tensor) "
+        f"mesh needs a multiple of {args.tp} processes",
+    )
     dp = world // args.tp
-    parallel.require(args.heads % args.tp == 0, f"--tp {args.tp} does not divide --heads {args.heads}")
-    parallel.require(args.batch_size % dp == 0, f"--batch-size {args.batch_size} does not split "
-                     f"over {dp} data-parallel groups")
+    parallel.require(
+        args.heads % args.tp == 0, f"--tp {args.tp} does not divide --heads {args.heads}"
+    )
+    parallel.require(
+        args.batch_size % dp == 0,
+        f"--batch-size {args.batch_size} does not split over {dp} data-parallel groups",
+    )
     info = dist.init()
     rank, device = info.rank, info.device
     mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
     data = parallel.corpus(args)
-    batches = [tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-               for s in range(args.steps)]
+    batches = [
+        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        for s in range(args.steps)
+    ]
 
     model = parallel.build_model(args).to(device)
     reference = None
     if rank == 0:
         import copy
+
         reference = copy.deepcopy(model)
     model = parallelize_module(model, mesh["tp"], tp_plan(args.layers))
     if dp > 1:
@@ -82,8 +93,10 @@ def main() -> None:
         dist.print0(f"step {step}: loss {loss.item():.3f}")
     counts = {str(k).split(".")[-1]: v for k, v in debug.get_comm_counts().items()}
     per_rank = memory.state_bytes(model, opt)
-    state = {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-             for k, v in model.state_dict().items()}
+    state = {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        for k, v in model.state_dict().items()
+    }
     step_s = dist.average(min(seconds[1:] or seconds))  # step 0 ran under CommDebugMode
     if rank == 0:
         ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
@@ -94,15 +107,32 @@ def main() -> None:
             parallel.lm_loss(reference(x), y).backward()
             ref_opt.step()
             one_s.append(time.perf_counter() - start)
-        err = parallel.relative_error(state, {k: v.cpu() for k, v in reference.state_dict().items()})
+        err = parallel.relative_error(
+            state, {k: v.cpu() for k, v in reference.state_dict().items()}
+        )
         psi = sum(q.numel() for q in reference.parameters())
-        metrics.emit({"event": "hybrid", "dp": dp, "tp": args.tp, "steps": args.steps,
-                      "weights_rel_err": err, "psi": psi, "per_rank": per_rank,
-                      "layers": args.layers, "comm_bytes": comm, "comm_counts": counts, "step_s": step_s,
-                      "one_process_step_s": min(one_s)})
-        print(f"mesh dp={dp} × tp={args.tp}: weights vs one process {err:.1e}; rank 0 holds "
-              f"{sum(per_rank.values()) / 2**20:.2f} MiB of state; {step_s * 1e3:.1f} ms per step "
-              f"(one process {min(one_s) * 1e3:.1f} ms); collectives {counts}, bytes {comm}", flush=True)
+        metrics.emit(
+            {
+                "event": "hybrid",
+                "dp": dp,
+                "tp": args.tp,
+                "steps": args.steps,
+                "weights_rel_err": err,
+                "psi": psi,
+                "per_rank": per_rank,
+                "layers": args.layers,
+                "comm_bytes": comm,
+                "comm_counts": counts,
+                "step_s": step_s,
+                "one_process_step_s": min(one_s),
+            }
+        )
+        print(
+            f"mesh dp={dp} × tp={args.tp}: weights vs one process {err:.1e}; rank 0 holds "
+            f"{sum(per_rank.values()) / 2**20:.2f} MiB of state; {step_s * 1e3:.1f} ms per step "
+            f"(one process {min(one_s) * 1e3:.1f} ms); collectives {counts}, bytes {comm}",
+            flush=True,
+        )
         if args.checkpoint:
             plain = parallel.build_model(args)
             plain.load_state_dict(state)

@@ -28,31 +28,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument("--schedules", nargs="+", choices=sorted(SCHEDULES), default=["gpipe", "1f1b"])
-    p.add_argument("--microbatches", nargs="+", type=int, default=[1, 2, 4, 8],
-                   help="micro-batch counts m to measure (each must divide --batch-size)")
-    p.add_argument("--repeats", type=int, default=2, help="timed (one process, pipeline) pairs "
-                   "per (schedule, m) after a warm-up, in the order A B B A ...; the timeline "
-                   "shown is that of the shortest pipeline step")
-    p.add_argument("--crash-stage", type=int, default=-1,
-                   help="make this stage raise during its first timed step (a failure drill)")
+    p.add_argument(
+        "--microbatches",
+        nargs="+",
+        type=int,
+        default=[1, 2, 4, 8],
+        help="micro-batch counts m to measure (each must divide --batch-size)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="timed (one process, pipeline) pairs "
+        "per (schedule, m) after a warm-up, in the order A B B A ...; the timeline "
+        "shown is that of the shortest pipeline step",
+    )
+    p.add_argument(
+        "--crash-stage",
+        type=int,
+        default=-1,
+        help="make this stage raise during its first timed step (a failure drill)",
+    )
     return p.parse_args(argv)
 
 
 def interleaved(repeats: int) -> list[str]:
     """A B B A A B ...: one process (A) and the pipeline (B) equally often early and late,
     so a machine that gets busier or quieter during the run favours neither."""
-    return [k for r in range(repeats) for k in (("serial", "pipe") if r % 2 == 0 else ("pipe", "serial"))]
+    return [
+        k
+        for r in range(repeats)
+        for k in (("serial", "pipe") if r % 2 == 0 else ("pipe", "serial"))
+    ]
 
 
 def main() -> None:
     args = parse_args()
     p = dist.detect().world_size  # one stage per process
-    parallel.require(p <= args.layers, f"{p} processes cannot each hold a stage of a "
-                     f"{args.layers}-layer model: use at most {args.layers} processes or more --layers")
+    parallel.require(
+        p <= args.layers,
+        f"{p} processes cannot each hold a stage of a "
+        f"{args.layers}-layer model: use at most {args.layers} processes or more --layers",
+    )
     bad = [m for m in args.microbatches if m < 1 or args.batch_size % m]
-    parallel.require(not bad, f"--batch-size {args.batch_size} cannot be cut into {bad} micro-batches")
-    parallel.require(args.repeats >= 1, "--repeats must be at least 1 (the first step of a "
-                     "schedule also infers shapes, so it is never the one measured)")
+    parallel.require(
+        not bad, f"--batch-size {args.batch_size} cannot be cut into {bad} micro-batches"
+    )
+    parallel.require(
+        args.repeats >= 1,
+        "--repeats must be at least 1 (the first step of a "
+        "schedule also infers shapes, so it is never the one measured)",
+    )
     info = dist.init()
     rank, device = info.rank, info.device
 
@@ -114,7 +140,9 @@ def main() -> None:
     for name in args.schedules:
         for m in args.microbatches:
             if name == "1f1b" and m < p:
-                dist.print0(f"1f1b m={m}: skipped, 1F1B needs at least as many micro-batches as stages")
+                dist.print0(
+                    f"1f1b m={m}: skipped, 1F1B needs at least as many micro-batches as stages"
+                )
                 continue
             stage = PipelineStage(stage_module, rank, p, device)
             schedule = SCHEDULES[name](stage, n_microbatches=m, loss_fn=parallel.lm_loss)
@@ -138,8 +166,7 @@ def main() -> None:
     # Train: the last schedule and micro-batch count, Adam on this stage's parameters.
     stage = PipelineStage(stage_module, rank, p, device)
     m = max(args.microbatches[-1], p) if args.schedules[-1] == "1f1b" else args.microbatches[-1]
-    schedule = SCHEDULES[args.schedules[-1]](stage, n_microbatches=m,
-                                             loss_fn=parallel.lm_loss)
+    schedule = SCHEDULES[args.schedules[-1]](stage, n_microbatches=m, loss_fn=parallel.lm_loss)
     optimizer = torch.optim.Adam(owned.values(), lr=args.lr)
     for step in range(args.steps):
         x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))
@@ -148,12 +175,14 @@ def main() -> None:
         if last:
             schedule.step(*([x] if first else []), target=y, losses=losses)
             dist.print0(f"step {step}: loss {torch.stack(losses).mean():.3f}") if first else print(
-                f"step {step}: loss {torch.stack(losses).mean():.3f}", flush=True)
+                f"step {step}: loss {torch.stack(losses).mean():.3f}", flush=True
+            )
         else:
             run_step(schedule, x, y)
         optimizer.step()
-    state = parallel.gather_on_rank0({n: t for n, t in model.state_dict().items()
-                                      if n.startswith(tuple(names))})
+    state = parallel.gather_on_rank0(
+        {n: t for n, t in model.state_dict().items() if n.startswith(tuple(names))}
+    )
     if rank == 0 and args.checkpoint:
         model.load_state_dict(state)
         models.save(args.checkpoint, model, steps=args.steps, stages=p)
@@ -161,8 +190,14 @@ def main() -> None:
     dist.shutdown()
 
 
-def report(name: str, p: int, m: int, serial_s: list[tuple[float, float]],
-           steps: list[tuple[float, float, list[dict]]], grad_err: float) -> None:
+def report(
+    name: str,
+    p: int,
+    m: int,
+    serial_s: list[tuple[float, float]],
+    steps: list[tuple[float, float, list[dict]]],
+    grad_err: float,
+) -> None:
     """Rank 0: emit and print one (schedule, m): times, measured and replayed bubble."""
     step_s, _, events = min(steps, key=lambda s: s[0])  # the least disturbed step's timeline
     bubble = timeline.bubble_fraction(events)
@@ -172,19 +207,35 @@ def report(name: str, p: int, m: int, serial_s: list[tuple[float, float]],
     for _, _, ev in steps:
         r = timeline.replay(ev, name)
         every.append([timeline.bubble_fraction(ev), r.bubble, timeline.replay_noise(ev, r)])
-    metrics.emit({"event": "pipeline", "schedule": name, "stages": p, "microbatches": m,
-                  "step_s": step_s, "pipe_samples": [s[0] for s in steps],
-                  "pipe_cpu_samples": [s[1] for s in steps],
-                  "serial_samples": [s[0] for s in serial_s], "serial_cpu_samples": [s[1] for s in serial_s],
-                  "bubble": bubble, "replay_bubble": rep.bubble,
-                  "replay_noise": timeline.replay_noise(events, rep), "every_step_bubble": every,
-                  "ideal_bubble": timeline.ideal_bubble(p, m), "grad_rel_err": grad_err,
-                  "in_flight": {str(k): v for k, v in flight.items()}, "events": events})
+    metrics.emit(
+        {
+            "event": "pipeline",
+            "schedule": name,
+            "stages": p,
+            "microbatches": m,
+            "step_s": step_s,
+            "pipe_samples": [s[0] for s in steps],
+            "pipe_cpu_samples": [s[1] for s in steps],
+            "serial_samples": [s[0] for s in serial_s],
+            "serial_cpu_samples": [s[1] for s in serial_s],
+            "bubble": bubble,
+            "replay_bubble": rep.bubble,
+            "replay_noise": timeline.replay_noise(events, rep),
+            "every_step_bubble": every,
+            "ideal_bubble": timeline.ideal_bubble(p, m),
+            "grad_rel_err": grad_err,
+            "in_flight": {str(k): v for k, v in flight.items()},
+            "events": events,
+        }
+    )
     speedup = statistics.median(s[0] for s in serial_s) / statistics.median(s[0] for s in steps)
-    print(f"{name:5s} m={m}: step {step_s * 1e3:7.1f} ms, bubble {bubble:.2f} measured, "
-          f"{rep.bubble:.2f} replayed, {timeline.ideal_bubble(p, m):.2f} formula; "
-          f"{speedup:.2f}× one process (interleaved medians); grad error {grad_err:.1e}; "
-          f"peak in flight per rank {[flight[k][0] for k in sorted(flight)]}", flush=True)
+    print(
+        f"{name:5s} m={m}: step {step_s * 1e3:7.1f} ms, bubble {bubble:.2f} measured, "
+        f"{rep.bubble:.2f} replayed, {timeline.ideal_bubble(p, m):.2f} formula; "
+        f"{speedup:.2f}× one process (interleaved medians); grad error {grad_err:.1e}; "
+        f"peak in flight per rank {[flight[k][0] for k in sorted(flight)]}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -45,17 +45,33 @@ SCHEDULES = {
 def parse_args(argv=None) -> argparse.Namespace:
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
-    p.add_argument("--schedules", nargs="+", choices=sorted(SCHEDULES),
-                   default=["1f1b", "interleaved", "interleaved_zb", "zbv"],
-                   help="schedules to compare (1f1b is the baseline)")
-    p.add_argument("--virtual", type=int, default=2,
-                   help="stages per rank v of the interleaved schedules (the V schedules use 2)")
-    p.add_argument("--microbatches", nargs="+", type=int, default=[4, 8],
-                   help="micro-batch counts m (multiples of the process count that divide "
-                        "--batch-size)")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed steps per schedule and m after a warm-up; the bubble check "
-                        "takes the least disturbed of them")
+    p.add_argument(
+        "--schedules",
+        nargs="+",
+        choices=sorted(SCHEDULES),
+        default=["1f1b", "interleaved", "interleaved_zb", "zbv"],
+        help="schedules to compare (1f1b is the baseline)",
+    )
+    p.add_argument(
+        "--virtual",
+        type=int,
+        default=2,
+        help="stages per rank v of the interleaved schedules (the V schedules use 2)",
+    )
+    p.add_argument(
+        "--microbatches",
+        nargs="+",
+        type=int,
+        default=[4, 8],
+        help="micro-batch counts m (multiples of the process count that divide --batch-size)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="timed steps per schedule and m after a warm-up; the bubble check "
+        "takes the least disturbed of them",
+    )
     return p.parse_args(argv)
 
 
@@ -84,20 +100,36 @@ def formula_ratio(name: str, p: int, m: int, v: int) -> float | None:
 class Runner:
     """One schedule on this rank's stages, with the timer of its blocks."""
 
-    def __init__(self, name: str, model: nn.Module, rank: int, p: int, m: int,
-                 args: argparse.Namespace, device: torch.device) -> None:
+    def __init__(
+        self,
+        name: str,
+        model: nn.Module,
+        rank: int,
+        p: int,
+        m: int,
+        args: argparse.Namespace,
+        device: torch.device,
+    ) -> None:
         self.name, self.m = name, m
         self.v = virtual_stages(name, args)
         n_stages = p * self.v
         self.ids = stage_ids(name, rank, p, self.v)
         layer_ids = [i for s in self.ids for i in model.stage_layers(s, n_stages)]
         self.prefixes = tuple(f"layers.{i}." for i in layer_ids)
-        stages = [PipelineStage(nn.Sequential(*[model.layers[i] for i in model.stage_layers(s, n_stages)]),
-                                s, n_stages, device) for s in self.ids]
+        stages = [
+            PipelineStage(
+                nn.Sequential(*[model.layers[i] for i in model.stage_layers(s, n_stages)]),
+                s,
+                n_stages,
+                device,
+            )
+            for s in self.ids
+        ]
         self.timer = timeline.StageTimer(stages, rank)
         cls = SCHEDULES[name][0]
-        self.schedule = cls(stages[0] if self.v == 1 else stages, n_microbatches=m,
-                            loss_fn=parallel.lm_loss)
+        self.schedule = cls(
+            stages[0] if self.v == 1 else stages, n_microbatches=m, loss_fn=parallel.lm_loss
+        )
         self.first, self.last = 0 in self.ids, n_stages - 1 in self.ids
 
     def step(self, x: torch.Tensor, y: torch.Tensor, losses: list | None = None) -> None:
@@ -106,8 +138,15 @@ class Runner:
         self.schedule.step(*args, **kwargs)
 
 
-def make_runner(name: str, model: nn.Module, rank: int, p: int, m: int,
-                args: argparse.Namespace, device: torch.device) -> Runner | None:
+def make_runner(
+    name: str,
+    model: nn.Module,
+    rank: int,
+    p: int,
+    m: int,
+    args: argparse.Namespace,
+    device: torch.device,
+) -> Runner | None:
     """The schedule on this rank, or None (said once) when it rejects this p and m: every
     rank decides the same from the same arguments (DualPipeV wants m ≥ 2p)."""
     try:
@@ -122,11 +161,17 @@ def main() -> None:
     p = dist.detect().world_size
     parallel.require(p >= 2, "a pipeline needs at least 2 processes (torchrun --nproc-per-node 2)")
     most = max(p * virtual_stages(n, args) for n in args.schedules)
-    parallel.require(most <= args.layers, f"{p} processes × {most // p} stages each need at least "
-                     f"{most} transformer blocks: pass --layers {most} or use fewer processes")
+    parallel.require(
+        most <= args.layers,
+        f"{p} processes × {most // p} stages each need at least "
+        f"{most} transformer blocks: pass --layers {most} or use fewer processes",
+    )
     bad = [m for m in args.microbatches if m < p or m % p or args.batch_size % m]
-    parallel.require(not bad, f"micro-batch counts {bad} do not fit: each m must be a multiple of "
-                     f"the {p} processes and divide --batch-size {args.batch_size}")
+    parallel.require(
+        not bad,
+        f"micro-batch counts {bad} do not fit: each m must be a multiple of "
+        f"the {p} processes and divide --batch-size {args.batch_size}",
+    )
     parallel.require(args.repeats >= 1, "--repeats must be at least 1")
     info = dist.init()
     rank, device = info.rank, info.device
@@ -141,7 +186,9 @@ def main() -> None:
         ref_grads = {n: q.grad.clone() for n, q in reference.named_parameters()}
 
     for m in args.microbatches:
-        runners = [r for n in args.schedules if (r := make_runner(n, model, rank, p, m, args, device))]
+        runners = [
+            r for n in args.schedules if (r := make_runner(n, model, rank, p, m, args, device))
+        ]
         for r in runners:  # warm-up: also infers the shapes sent between stages
             model.zero_grad()
             r.step(x, y)
@@ -188,26 +235,44 @@ def report(r: Runner, p: int, samples: list[tuple[float, list[dict]]], grad_err:
     bubble = timeline.bubble_fraction(events)
     flight = timeline.in_flight(events)
     ratio = formula_ratio(r.name, p, r.m, r.v)
-    metrics.emit({"event": "schedule", "schedule": r.name, "stages": p, "virtual": r.v,
-                  "microbatches": r.m, "step_s": step_s, "samples": [s[0] for s in samples],
-                  "bubble": bubble, "replay_bubble": rep.bubble,
-                  "replay_noise": timeline.replay_noise(events, rep), "every_step_bubble": every,
-                  "formula_ratio": ratio, "grad_rel_err": grad_err,
-                  "order": {str(k): v for k, v in order.items()},
-                  "in_flight": {str(k): v for k, v in flight.items()}, "events": events})
+    metrics.emit(
+        {
+            "event": "schedule",
+            "schedule": r.name,
+            "stages": p,
+            "virtual": r.v,
+            "microbatches": r.m,
+            "step_s": step_s,
+            "samples": [s[0] for s in samples],
+            "bubble": bubble,
+            "replay_bubble": rep.bubble,
+            "replay_noise": timeline.replay_noise(events, rep),
+            "every_step_bubble": every,
+            "formula_ratio": ratio,
+            "grad_rel_err": grad_err,
+            "order": {str(k): v for k, v in order.items()},
+            "in_flight": {str(k): v for k, v in flight.items()},
+            "events": events,
+        }
+    )
     formula = f"{ratio / (1 + ratio):.2f}" if ratio is not None else "  - "
-    print(f"{r.name:14s} v={r.v} m={r.m}: step {step_s * 1e3:7.1f} ms, bubble {bubble:.2f} "
-          f"measured, {rep.bubble:.2f} replayed, {formula} formula; grad error {grad_err:.1e}; "
-          f"peak in flight per rank {[flight[k][0] for k in sorted(flight)]}", flush=True)
+    print(
+        f"{r.name:14s} v={r.v} m={r.m}: step {step_s * 1e3:7.1f} ms, bubble {bubble:.2f} "
+        f"measured, {rep.bubble:.2f} replayed, {formula} formula; grad error {grad_err:.1e}; "
+        f"peak in flight per rank {[flight[k][0] for k in sorted(flight)]}",
+        flush=True,
+    )
 
 
-def train(args: argparse.Namespace, model: nn.Module, rank: int, p: int, device: torch.device,
-          data) -> None:  # noqa: ANN001
+def train(
+    args: argparse.Namespace, model: nn.Module, rank: int, p: int, device: torch.device, data
+) -> None:
     """--steps steps of the last schedule (1F1B if it rejects the last m) with Adam on this
     rank's stages; rank 0 saves the whole model."""
     m = args.microbatches[-1]
     r = make_runner(args.schedules[-1], model, rank, p, m, args, device) or Runner(
-        "1f1b", model, rank, p, m, args, device)
+        "1f1b", model, rank, p, m, args, device
+    )
     owned = [q for n, q in model.named_parameters() if n.startswith(r.prefixes)]
     optimizer = torch.optim.Adam(owned, lr=args.lr)
     for step in range(args.steps):
@@ -218,8 +283,9 @@ def train(args: argparse.Namespace, model: nn.Module, rank: int, p: int, device:
         if r.last:
             print(f"step {step}: loss {torch.stack(losses).mean():.3f}", flush=True)
         optimizer.step()
-    state = parallel.gather_on_rank0({n: t for n, t in model.state_dict().items()
-                                      if n.startswith(r.prefixes)})
+    state = parallel.gather_on_rank0(
+        {n: t for n, t in model.state_dict().items() if n.startswith(r.prefixes)}
+    )
     if rank == 0 and args.checkpoint:
         model.load_state_dict(state)
         models.save(args.checkpoint, model, steps=args.steps, stages=p, schedule=r.name)

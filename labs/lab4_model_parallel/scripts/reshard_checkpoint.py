@@ -39,22 +39,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--save", metavar="DIR", help="train, then save a sharded checkpoint here")
     mode.add_argument("--load", metavar="DIR", help="load the sharded checkpoint in DIR")
-    p.add_argument("--reference", required=True,
-                   help="file of the full state in memory at save time (written by --save, read by --load)")
-    p.add_argument("--die-before-metadata", action="store_true",
-                   help="rank 0 exits after the data files are written, before .metadata")
+    p.add_argument(
+        "--reference",
+        required=True,
+        help="file of the full state in memory at save time (written by --save, read by --load)",
+    )
+    p.add_argument(
+        "--die-before-metadata",
+        action="store_true",
+        help="rank 0 exits after the data files are written, before .metadata",
+    )
     return p.parse_args(argv)
 
 
 class DieBeforeMetadata(dcp.FileSystemWriter):
     """A writer whose coordinator exits where ``finish`` would write ``.metadata``."""
 
-    def finish(self, metadata, results) -> None:  # noqa: ANN001
+    def finish(self, metadata, results) -> None:
         print("rank 0: every rank's data is written; exiting before .metadata", flush=True)
         os._exit(3)
 
 
-def sharded(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def sharded(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The char transformer, each block and the whole model sharded over all ranks."""
     model = parallel.build_model(args).to(device)
     for layer in model.layers:
@@ -63,7 +71,7 @@ def sharded(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Mo
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
-def train(model, opt, args: argparse.Namespace, rank: int, n: int, device: torch.device) -> None:  # noqa: ANN001
+def train(model, opt, args: argparse.Namespace, rank: int, n: int, device: torch.device) -> None:
     data = parallel.corpus(args)
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
     for step in range(args.steps):
@@ -100,9 +108,17 @@ def save(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
     dcp.save({"model": msd, "optim": osd}, storage_writer=writer)
     files = {p.name: p.stat().st_size for p in sorted(Path(args.save).iterdir())}
     if rank == 0:
-        metrics.emit({"event": "saved", "procs": n, "files": files,
-                      "state_bytes": sum(t.numel() * t.element_size() for t in flat(
-                          {"model": full_model, "optim": full_optim}).values())})
+        metrics.emit(
+            {
+                "event": "saved",
+                "procs": n,
+                "files": files,
+                "state_bytes": sum(
+                    t.numel() * t.element_size()
+                    for t in flat({"model": full_model, "optim": full_optim}).values()
+                ),
+            }
+        )
         print(f"saved {args.save} from {n} ranks: {files}", flush=True)
         if args.checkpoint:
             plain = parallel.build_model(args)
@@ -120,13 +136,25 @@ def load(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
     full_model, full_optim = get_state_dict(model, opt, options=FULL)
     if rank == 0:
         ref = torch.load(args.reference, weights_only=True)
-        errors = {"model": parallel.relative_error(flat(full_model), flat(ref["model"])),
-                  "optim": parallel.relative_error(flat(full_optim), flat(ref["optim"]))}
+        errors = {
+            "model": parallel.relative_error(flat(full_model), flat(ref["model"])),
+            "optim": parallel.relative_error(flat(full_optim), flat(ref["optim"])),
+        }
         local = sum(t.numel() * t.element_size() for t in flat(msd).values())
-        metrics.emit({"event": "loaded", "procs": n, "errors": errors, "tensors": len(flat(full_optim)),
-                      "rank0_model_bytes": local})
-        print(f"loaded {args.load} into {n} ranks: model vs the saved run's memory {errors['model']:.1e}, "
-              f"optimizer {errors['optim']:.1e}", flush=True)
+        metrics.emit(
+            {
+                "event": "loaded",
+                "procs": n,
+                "errors": errors,
+                "tensors": len(flat(full_optim)),
+                "rank0_model_bytes": local,
+            }
+        )
+        print(
+            f"loaded {args.load} into {n} ranks: model vs the saved run's memory {errors['model']:.1e}, "
+            f"optimizer {errors['optim']:.1e}",
+            flush=True,
+        )
 
 
 def main() -> None:

@@ -31,13 +31,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
-    p.add_argument("--cpu-offload", action="store_true",
-                   help="FSDP keeps parameters, gradients and optimizer state in CPU memory "
-                        "(CPUOffloadPolicy; only meaningful on GPUs)")
+    p.add_argument(
+        "--cpu-offload",
+        action="store_true",
+        help="FSDP keeps parameters, gradients and optimizer state in CPU memory "
+        "(CPUOffloadPolicy; only meaningful on GPUs)",
+    )
     return p.parse_args(argv)
 
 
-def wrap(strategy: str, model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def wrap(
+    strategy: str, model: torch.nn.Module, args: argparse.Namespace, device: torch.device
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """The model and optimizer of one strategy."""
     if strategy == "fsdp":
         kw = {"offload_policy": CPUOffloadPolicy()} if args.cpu_offload else {}
@@ -48,15 +53,18 @@ def wrap(strategy: str, model: torch.nn.Module, args: argparse.Namespace, device
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     ddp.register_comm_hook(None, traffic.ddp_hook())  # so traffic.count sees the buckets
     if strategy == "zero1":
-        return ddp, ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam,
-                                            lr=args.lr)
+        return ddp, ZeroRedundancyOptimizer(
+            ddp.parameters(), optimizer_class=torch.optim.Adam, lr=args.lr
+        )
     return ddp, torch.optim.Adam(ddp.parameters(), lr=args.lr)
 
 
 def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     model = getattr(model, "module", model)
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
-            for k, v in model.state_dict().items()}
+    return {
+        k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+        for k, v in model.state_dict().items()
+    }
 
 
 def main() -> None:
@@ -65,8 +73,10 @@ def main() -> None:
     info = dist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
-    batches = [tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-               for s in range(args.steps)]
+    batches = [
+        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        for s in range(args.steps)
+    ]
 
     reference = None
     if rank == 0:  # one process, whole batch
@@ -104,13 +114,27 @@ def main() -> None:
         state = full_state(model)
         step_s = dist.average(min(seconds)) if n > 1 else min(seconds)
         if rank == 0:
-            err = parallel.relative_error(state, {k: v.cpu() for k, v in reference.state_dict().items()})
-            metrics.emit({"event": "sharded", "strategy": strategy, "procs": n, "steps": args.steps,
-                          "per_rank": ranks, "comm_bytes": comm, "weights_rel_err": err,
-                          "step_s": step_s})
+            err = parallel.relative_error(
+                state, {k: v.cpu() for k, v in reference.state_dict().items()}
+            )
+            metrics.emit(
+                {
+                    "event": "sharded",
+                    "strategy": strategy,
+                    "procs": n,
+                    "steps": args.steps,
+                    "per_rank": ranks,
+                    "comm_bytes": comm,
+                    "weights_rel_err": err,
+                    "step_s": step_s,
+                }
+            )
             mib = {k: f"{ranks[0][k] / 2**20:.2f}" for k in ("params", "grads", "optimizer")}
-            print(f"{strategy:5s} on {n}: rank 0 holds {mib} MiB; one step moved {comm} bytes; "
-                  f"weights vs one process {err:.1e}; {step_s * 1e3:.1f} ms per step", flush=True)
+            print(
+                f"{strategy:5s} on {n}: rank 0 holds {mib} MiB; one step moved {comm} bytes; "
+                f"weights vs one process {err:.1e}; {step_s * 1e3:.1f} ms per step",
+                flush=True,
+            )
             if args.checkpoint and strategy == args.strategies[-1]:
                 plain = parallel.build_model(args)
                 plain.load_state_dict(state)

@@ -43,11 +43,11 @@ class CopyToRanks(torch.autograd.Function):
     (each rank's columns contributed a part of it)."""
 
     @staticmethod
-    def forward(ctx, x):  # noqa: ANN001
+    def forward(ctx, x):
         return x
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         grad = grad.contiguous()
         SENT["backward"] += grad.numel() * grad.element_size()
         tdist.all_reduce(grad)
@@ -58,18 +58,18 @@ class SumOverRanks(torch.autograd.Function):
     """Megatron's g: forward all-reduces the partial outputs; identity backward."""
 
     @staticmethod
-    def forward(ctx, partial):  # noqa: ANN001
+    def forward(ctx, partial):
         partial = partial.contiguous()
         SENT["forward"] += partial.numel() * partial.element_size()
         tdist.all_reduce(partial)
         return partial
 
     @staticmethod
-    def backward(ctx, grad):  # noqa: ANN001
+    def backward(ctx, grad):
         return grad
 
 
-def mlp_by_hand(x, fc1, fc2, rank: int, n: int):  # noqa: ANN001, ANN201
+def mlp_by_hand(x, fc1, fc2, rank: int, n: int):
     """gelu(x W1ᵀ + b1) W2ᵀ + b2 with this rank's slice of fc1's rows and fc2's columns."""
     cols = fc1.weight.shape[0] // n
     part = slice(rank * cols, (rank + 1) * cols)
@@ -90,7 +90,8 @@ def tp_plan(n_layers: int, *, one_f_per_attention: bool = True) -> dict:
     for i in range(1, n_layers + 1):  # layers[0] is the embedding
         if one_f_per_attention:  # keep the DTensor (use_local_output=False) for q, k and v
             plan[f"layers.{i}.attn"] = PrepareModuleInput(
-                input_layouts=Replicate(), desired_input_layouts=Replicate(), use_local_output=False)
+                input_layouts=Replicate(), desired_input_layouts=Replicate(), use_local_output=False
+            )
         for name in ("attn.q", "attn.k", "attn.v", "mlp.fc1"):
             plan[f"layers.{i}.{name}"] = ColwiseParallel()
         for name in ("attn.proj", "mlp.fc2"):
@@ -124,8 +125,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     n = dist.detect().world_size
-    parallel.require(args.heads % n == 0, f"{n} processes cannot split {args.heads} attention heads "
-                     f"evenly: use a process count that divides --heads {args.heads}")
+    parallel.require(
+        args.heads % n == 0,
+        f"{n} processes cannot split {args.heads} attention heads "
+        f"evenly: use a process count that divides --heads {args.heads}",
+    )
     info = dist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
@@ -149,31 +153,47 @@ def main() -> None:
         for g in grads_hand.values():
             if g is not grads_hand["x"] and g is not grads_hand["fc2.bias"]:
                 tdist.all_reduce(g)
-    err_hand = max(parallel.relative_error({"out": out_hand}, {"out": out_ref}),
-                   parallel.relative_error(grads_hand, grads_ref))
+    err_hand = max(
+        parallel.relative_error({"out": out_hand}, {"out": out_ref}),
+        parallel.relative_error(grads_hand, grads_ref),
+    )
 
     mesh = init_device_mesh(device.type, (n,))
-    lib = parallelize_module(copy.deepcopy(block.mlp), mesh,
-                             {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    lib = parallelize_module(
+        copy.deepcopy(block.mlp), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    )
     h.grad = None
     with CommDebugMode() as comm:
         out_lib = lib(h)
         out_lib.square().mean().backward()
     counts = comm_counts(comm)
     grads_lib = {"x": h.grad.clone(), **{k: full(q.grad) for k, q in lib.named_parameters()}}
-    err_lib = max(parallel.relative_error({"out": out_lib}, {"out": out_ref}),
-                  parallel.relative_error(grads_lib, grads_ref))
+    err_lib = max(
+        parallel.relative_error({"out": out_lib}, {"out": out_ref}),
+        parallel.relative_error(grads_lib, grads_ref),
+    )
     act_bytes = out_ref.numel() * out_ref.element_size()
-    metrics.emit({"event": "mlp_block", "procs": n, "err_hand": err_hand, "err_dtensor": err_lib,
-                  "hand_bytes": dict(SENT), "dtensor_comm_counts": counts,
-                  "activation_bytes": act_bytes})
-    dist.print0(f"MLP block on {n} ranks: by hand error {err_hand:.1e}, parallelize_module "
-                f"error {err_lib:.1e}; all-reduced by hand {SENT}; DTensor collectives {counts}")
+    metrics.emit(
+        {
+            "event": "mlp_block",
+            "procs": n,
+            "err_hand": err_hand,
+            "err_dtensor": err_lib,
+            "hand_bytes": dict(SENT),
+            "dtensor_comm_counts": counts,
+            "activation_bytes": act_bytes,
+        }
+    )
+    dist.print0(
+        f"MLP block on {n} ranks: by hand error {err_hand:.1e}, parallelize_module "
+        f"error {err_lib:.1e}; all-reduced by hand {SENT}; DTensor collectives {counts}"
+    )
 
     # -- 2. the whole transformer, tensor-parallel, trained against one process
     reference = copy.deepcopy(model) if rank == 0 else None
-    separate = parallelize_module(copy.deepcopy(model), mesh,
-                                  tp_plan(args.layers, one_f_per_attention=False))
+    separate = parallelize_module(
+        copy.deepcopy(model), mesh, tp_plan(args.layers, one_f_per_attention=False)
+    )
     counts_separate = counted_step(separate, x, y)  # the plan without the shared f, not trained
     del separate
     tp = parallelize_module(model, mesh, tp_plan(args.layers))
@@ -198,21 +218,36 @@ def main() -> None:
         ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
         one_s = []
         for step in range(args.steps):
-            xs, ys = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))
+            xs, ys = (
+                t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed)
+            )
             start = time.perf_counter()
             ref_opt.zero_grad()
             parallel.lm_loss(reference(xs), ys).backward()
             ref_opt.step()
             one_s.append(time.perf_counter() - start)
         err = parallel.relative_error(state, reference.state_dict())
-        metrics.emit({"event": "tp_train", "procs": n, "steps": args.steps, "layers": args.layers,
-                      "weights_rel_err": err, "step_s": step_s, "one_process_step_s": min(one_s),
-                      "comm_counts": comm_counts(debug), "comm_counts_separate_qkv": counts_separate,
-                      "activation_bytes": act_bytes})
-        print(f"after {args.steps} Adam steps: weights differ from one process by {err:.1e} "
-              f"(relative); step {step_s * 1e3:.1f} ms on {n} ranks vs {min(one_s) * 1e3:.1f} "
-              f"ms on one; collectives of a step {comm_counts(debug)} (q, k, v each on their own: "
-              f"{counts_separate})", flush=True)
+        metrics.emit(
+            {
+                "event": "tp_train",
+                "procs": n,
+                "steps": args.steps,
+                "layers": args.layers,
+                "weights_rel_err": err,
+                "step_s": step_s,
+                "one_process_step_s": min(one_s),
+                "comm_counts": comm_counts(debug),
+                "comm_counts_separate_qkv": counts_separate,
+                "activation_bytes": act_bytes,
+            }
+        )
+        print(
+            f"after {args.steps} Adam steps: weights differ from one process by {err:.1e} "
+            f"(relative); step {step_s * 1e3:.1f} ms on {n} ranks vs {min(one_s) * 1e3:.1f} "
+            f"ms on one; collectives of a step {comm_counts(debug)} (q, k, v each on their own: "
+            f"{counts_separate})",
+            flush=True,
+        )
         if args.checkpoint:
             plain = parallel.build_model(args)
             plain.load_state_dict(state)

@@ -39,8 +39,13 @@ METHODS = ("easgd", "easgd-rr", "sgd")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = profile.script_parser(__doc__)
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    p.add_argument("--taus", type=int, nargs="+", default=[1, 4, 16],
-                   help="communication periods (local steps between rounds)")
+    p.add_argument(
+        "--taus",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16],
+        help="communication periods (local steps between rounds)",
+    )
     p.add_argument("--steps", type=int, default=400, help="local steps per worker")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05, help="eta")
@@ -65,8 +70,9 @@ def load_flat(model: torch.nn.Module, vec: torch.Tensor) -> None:
     torch.nn.utils.vector_to_parameters(vec, model.parameters())
 
 
-def communicate(method: str, x: torch.Tensor, center: torch.Tensor, alpha: float, rnd: int,
-                rank: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def communicate(
+    method: str, x: torch.Tensor, center: torch.Tensor, alpha: float, rnd: int, rank: int, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One round of communication; returns this worker's new x and the new centre."""
     if method == "sgd":
         total = x.clone()
@@ -88,8 +94,9 @@ def communicate(method: str, x: torch.Tensor, center: torch.Tensor, alpha: float
     return (x - alpha * diff if rank == k else x), center + alpha * diff
 
 
-def run(method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensors,
-        info: dist.DistInfo) -> tuple[float, torch.nn.Module]:
+def run(
+    method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensors, info: dist.DistInfo
+) -> tuple[float, torch.nn.Module]:
     """One training run; returns the last test accuracy and a model holding the centre."""
     n, rank, dev = info.world_size, info.rank, info.device
     torch.manual_seed(args.seed)
@@ -109,12 +116,23 @@ def run(method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensor
         if rank == 0 and (rnd % args.eval_every == 0 or step + tau > args.steps):
             load_flat(evaluator, center)
             acc = tensordata.accuracy(evaluator, data.x_test, data.y_test)
-            metrics.emit({"event": "easgd", "method": method, "tau": tau, "round": rnd,
-                          "step": step, "acc": acc, "workers": n, "alpha": alpha})
+            metrics.emit(
+                {
+                    "event": "easgd",
+                    "method": method,
+                    "tau": tau,
+                    "round": rnd,
+                    "step": step,
+                    "acc": acc,
+                    "workers": n,
+                    "alpha": alpha,
+                }
+            )
 
     for step in range(1, args.steps + 1):
-        idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=rank,
-                                       step=step).to(dev)
+        idx = tensordata.batch_indices(
+            len(x), args.batch_size, seed=args.seed, worker=rank, step=step
+        ).to(dev)
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()  # g_i at x_i^t
         rounds_now = step % tau == 0
@@ -137,8 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     for method in args.methods:
         for tau in args.taus:
             acc, centre = run(method, tau, args, data, info)
-            dist.print0(f"{method:>8} tau={tau:<3} {args.steps // tau:>4} rounds: centre test "
-                        f"accuracy {acc:.3f}", flush=True)
+            dist.print0(
+                f"{method:>8} tau={tau:<3} {args.steps // tau:>4} rounds: centre test "
+                f"accuracy {acc:.3f}",
+                flush=True,
+            )
     if args.save and info.rank == 0:
         models.save(args.save, centre, method=method, tau=tau)
     dist.shutdown()

@@ -52,10 +52,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n-train", type=int, default=10000)
     p.add_argument("--n-test", type=int, default=1000)
     p.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints (0: none)")
-    p.add_argument("--ckpt-dir", default=AUTO,
-                   help=f"where the checkpoint lives ({AUTO!r}: runs/lab5_elastic/<torchrun run id>)")
-    p.add_argument("--resume", action="store_true",
-                   help="let the first attempt resume from a checkpoint already in --ckpt-dir")
+    p.add_argument(
+        "--ckpt-dir",
+        default=AUTO,
+        help=f"where the checkpoint lives ({AUTO!r}: runs/lab5_elastic/<torchrun run id>)",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="let the first attempt resume from a checkpoint already in --ckpt-dir",
+    )
     p.add_argument("--kill-at", type=int, default=-1, help="step at which a rank kills itself")
     p.add_argument("--kill-rank", type=int, default=1)
     p.add_argument("--out", default="", help="final weights (rank 0)")
@@ -75,7 +81,8 @@ def require_torchrun() -> None:
         raise SystemExit(
             f"elastic_train.py needs torchrun's agent, which restarts the job after a failure; "
             f"it was started by {launcher!r}. Run it as: torchrun --standalone --nproc-per-node 2 "
-            "--max-restarts 1 scripts/elastic_train.py")
+            "--max-restarts 1 scripts/elastic_train.py"
+        )
 
 
 def checkpoint_dir(arg: str) -> Path:
@@ -89,8 +96,10 @@ def checkpoint_dir(arg: str) -> Path:
 def refuse_stale(ckpt: Path, attempt: int, resume: bool) -> None:
     """A first attempt that found a checkpoint would resume another job's training."""
     if attempt == 0 and ckpt.exists() and not resume:
-        raise SystemExit(f"{ckpt} already holds a checkpoint from an earlier run: pass a fresh "
-                         "--ckpt-dir, or --resume to continue from it")
+        raise SystemExit(
+            f"{ckpt} already holds a checkpoint from an earlier run: pass a fresh "
+            "--ckpt-dir, or --resume to continue from it"
+        )
 
 
 def batch_for(step: int, n: int, batch: int, rank: int, world: int, seed: int) -> torch.Tensor:
@@ -101,7 +110,7 @@ def batch_for(step: int, n: int, batch: int, rank: int, world: int, seed: int) -
     epoch, i = divmod(step, per_epoch)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     start = (i * world + rank) * batch
-    return perm[start:start + batch]
+    return perm[start : start + batch]
 
 
 def save_atomic(state: dict, path: Path) -> None:
@@ -133,14 +142,23 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
         torch.use_deterministic_algorithms(True)
     if world == 1:
         return 0, 1, device
-    store = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                           is_master=False, timeout=timedelta(seconds=60))
+    store = tdist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=timedelta(seconds=60),
+    )
     # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     nccl = device.type == "cuda" and local <= torch.cuda.device_count()
-    tdist.init_process_group("nccl" if nccl else "gloo",
-                             store=tdist.PrefixStore(f"attempt{attempt}", store),
-                             rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    tdist.init_process_group(
+        "nccl" if nccl else "gloo",
+        store=tdist.PrefixStore(f"attempt{attempt}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=60),
+    )
     return rank, world, device
 
 
@@ -167,8 +185,16 @@ def main(argv: list[str] | None = None) -> None:
         opt.load_state_dict(state["optimizer"])
         step = state["step"]
     model = DDP(net) if world > 1 else net
-    metrics.emit({"event": "elastic_start", "attempt": attempt, "step": step, "time": started,
-                  "ready": time.time(), "ckpt_dir": str(ckpt.parent)})
+    metrics.emit(
+        {
+            "event": "elastic_start",
+            "attempt": attempt,
+            "step": step,
+            "time": started,
+            "ready": time.time(),
+            "ckpt_dir": str(ckpt.parent),
+        }
+    )
     if main_rank:
         print(f"attempt {attempt}: starting at step {step} ({ckpt.parent})", flush=True)
 
@@ -189,16 +215,33 @@ def main(argv: list[str] | None = None) -> None:
         step += 1
         if args.ckpt_every and step % args.ckpt_every == 0 and main_rank:
             t0 = time.perf_counter()
-            save_atomic({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt)
-            metrics.emit({"event": "elastic_ckpt", "step": step, "time": time.time(),
-                          "save_s": time.perf_counter() - t0})
+            save_atomic(
+                {"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt
+            )
+            metrics.emit(
+                {
+                    "event": "elastic_ckpt",
+                    "step": step,
+                    "time": time.time(),
+                    "save_s": time.perf_counter() - t0,
+                }
+            )
 
     acc = tensordata.accuracy(net, data.x_test, data.y_test)
     if main_rank and args.out:
         models.save(args.out, net, step=step)
-    metrics.emit({"event": "elastic_done", "attempt": attempt, "steps": step, "time": time.time(),
-                  "steps_run": len(step_s), "step_s": statistics.median(step_s) if step_s else 0.0,
-                  "acc": acc, "checksum": checksum(net)})
+    metrics.emit(
+        {
+            "event": "elastic_done",
+            "attempt": attempt,
+            "steps": step,
+            "time": time.time(),
+            "steps_run": len(step_s),
+            "step_s": statistics.median(step_s) if step_s else 0.0,
+            "acc": acc,
+            "checksum": checksum(net),
+        }
+    )
     if main_rank:
         print(f"done: {step} steps, test accuracy {acc:.3f}, attempt {attempt}", flush=True)
     if world > 1:

@@ -41,8 +41,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = profile.script_parser(__doc__)
     p.add_argument("--model", choices=("dense", "sparse"), default="sparse")
     p.add_argument("--lock", action="store_true", help="hold one lock around every update")
-    p.add_argument("--grid", action="store_true",
-                   help="run both models with and without the lock, one after the other")
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="run both models with and without the lock, one after the other",
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--steps", type=int, default=300, help="updates per worker")
     p.add_argument("--batch-size", type=int, default=16)
@@ -88,15 +91,25 @@ def build(kind: str) -> nn.Module:
 
 
 # ----------------------------------------------------------------- one worker
-def train(rank: int, model: nn.Module, x: torch.Tensor, y: torch.Tensor, args: argparse.Namespace,
-          lock, log, ready) -> None:
+def train(
+    rank: int,
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    args: argparse.Namespace,
+    lock,
+    log,
+    ready,
+) -> None:
     """One Hogwild worker: its own optimizer over the shared parameters."""
     torch.set_num_threads(1)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     writes = []  # (start, end, rows touched or None for "all")
     ready.wait()  # start together: a head start would hide the concurrency
     for step in range(args.steps):
-        idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=rank, step=step)
+        idx = tensordata.batch_indices(
+            len(x), args.batch_size, seed=args.seed, worker=rank, step=step
+        )
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         # (as numpy: tensors sent through an mp.Queue go by shared memory, which needs the
@@ -133,19 +146,27 @@ def conflicts(logs: dict[int, list], dense_size: int) -> tuple[int, int, float, 
             if ra == rb:
                 continue
             overlapped.update((i, j))
-            common = (dense_size if rows_a is None or rows_b is None
-                      else int(np.isin(rows_a, rows_b, assume_unique=True).sum()))
+            common = (
+                dense_size
+                if rows_a is None or rows_b is None
+                else int(np.isin(rows_a, rows_b, assume_unique=True).sum())
+            )
             collided[i] += common
             collided[j] += common
     size = [dense_size if rows is None else len(rows) for *_, rows in items]
     collided = [min(c, n) for c, n in zip(collided, size, strict=True)]  # once per weight
     in_overlaps = sum(size[i] for i in overlapped)
-    return (len(items), len(overlapped), sum(collided) / sum(size),
-            sum(collided) / in_overlaps if in_overlaps else 0.0)
+    return (
+        len(items),
+        len(overlapped),
+        sum(collided) / sum(size),
+        sum(collided) / in_overlaps if in_overlaps else 0.0,
+    )
 
 
-def run_one(kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Tensors,
-            method: str) -> dict:
+def run_one(
+    kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Tensors, method: str
+) -> dict:
     torch.manual_seed(args.seed)
     model = build(kind)
     model.share_memory()  # parameters in shared memory; gradients stay per process
@@ -158,9 +179,12 @@ def run_one(kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Te
     the_lock = ctx.Lock() if lock else None
     log = ctx.Queue()
     ready = ctx.Barrier(args.workers)
-    procs = [ctx.Process(target=train,
-                         args=(r, model, x_train, data.y_train, args, the_lock, log, ready))
-             for r in range(args.workers)]
+    procs = [
+        ctx.Process(
+            target=train, args=(r, model, x_train, data.y_train, args, the_lock, log, ready)
+        )
+        for r in range(args.workers)
+    ]
     start = time.perf_counter()
     for p in procs:
         p.start()
@@ -189,19 +213,34 @@ def run_one(kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Te
     size = sum(p.numel() for p in model.parameters())
     n, overlapped, collided, when_overlapping = conflicts(logs, size)
     acc = tensordata.accuracy(model, x_test, data.y_test)
-    touched = (sum(len(r) for ws in logs.values() for _, _, r in ws) / n * 10  # 10 per row
-               if kind == "sparse" else size)
-    rec = {"event": "hogwild", "model": kind, "lock": lock, "workers": args.workers,
-           "updates": n, "seconds": last - first, "updates_per_s": n / (last - first),
-           "acc": acc, "overlapped": overlapped, "collided": collided,
-           "collided_when_overlapping": when_overlapping,
-           "coords_per_update": touched, "coords_total": size}
+    touched = (
+        sum(len(r) for ws in logs.values() for _, _, r in ws) / n * 10  # 10 per row
+        if kind == "sparse"
+        else size
+    )
+    rec = {
+        "event": "hogwild",
+        "model": kind,
+        "lock": lock,
+        "workers": args.workers,
+        "updates": n,
+        "seconds": last - first,
+        "updates_per_s": n / (last - first),
+        "acc": acc,
+        "overlapped": overlapped,
+        "collided": collided,
+        "collided_when_overlapping": when_overlapping,
+        "coords_per_update": touched,
+        "coords_total": size,
+    }
     metrics.emit(rec)
-    print(f"{kind:>6} model, {'lock   ' if lock else 'no lock'}, {args.workers} workers: "
-          f"{rec['updates_per_s']:6.0f} updates/s, test accuracy {acc:.3f}; {overlapped}/{n} writes "
-          f"overlapped another worker's; of the weights these wrote, {when_overlapping:.1%} "
-          f"collided ({collided:.2%} of all written); {touched:,.0f} of {size:,} weights per update",
-          flush=True)
+    print(
+        f"{kind:>6} model, {'lock   ' if lock else 'no lock'}, {args.workers} workers: "
+        f"{rec['updates_per_s']:6.0f} updates/s, test accuracy {acc:.3f}; {overlapped}/{n} writes "
+        f"overlapped another worker's; of the weights these wrote, {when_overlapping:.1%} "
+        f"collided ({collided:.2%} of all written); {touched:,.0f} of {size:,} weights per update",
+        flush=True,
+    )
     return rec
 
 
@@ -212,8 +251,11 @@ def main(argv: list[str] | None = None) -> None:
     # machine. fork starts the workers quickly and shares the tensors with them.
     method = "fork"
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
-    grid = ([(m, lk) for m in ("dense", "sparse") for lk in (True, False)] if args.grid
-            else [(args.model, args.lock)])
+    grid = (
+        [(m, lk) for m in ("dense", "sparse") for lk in (True, False)]
+        if args.grid
+        else [(args.model, args.lock)]
+    )
     for kind, lock in grid:
         run_one(kind, lock, args, data, method)
 

@@ -41,33 +41,64 @@ from lab_utils import dist, metrics, models, profile, tensordata
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = profile.script_parser(__doc__)
-    p.add_argument("--mode", choices=("sync", "async"), default="async",
-                   help="sync: one averaged update per round; async: one update per push")
+    p.add_argument(
+        "--mode",
+        choices=("sync", "async"),
+        default="async",
+        help="sync: one averaged update per round; async: one update per push",
+    )
     p.add_argument("--shards", type=int, default=1, help="server processes (the rest are workers)")
     p.add_argument("--steps", type=int, default=100, help="gradients each worker pushes")
     p.add_argument("--batch-size", type=int, default=32, help="per worker")
     p.add_argument("--lr", type=float, default=0.05, help="learning rate of the servers' optimizer")
-    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
-                   help="the update the servers apply (state kept on the servers)")
+    p.add_argument(
+        "--optimizer",
+        choices=("sgd", "adam"),
+        default="sgd",
+        help="the update the servers apply (state kept on the servers)",
+    )
     p.add_argument("--hidden", type=int, default=128, help="hidden units of the MLP")
     p.add_argument("--n-train", type=int, default=10000, help="Fashion-MNIST training images")
     p.add_argument("--n-test", type=int, default=2000, help="test images for the accuracy")
-    p.add_argument("--delay", type=float, default=0.0,
-                   help="seconds of simulated compute per step (a sleep: workers overlap)")
-    p.add_argument("--straggler", type=int, default=1,
-                   help="the last worker is this many times slower and pushes steps // K "
-                        "gradients (async only)")
-    p.add_argument("--snapshots", type=int, default=8,
-                   help="points of the accuracy-vs-time curve: the server's model at evenly "
-                        "spaced update counts")
+    p.add_argument(
+        "--delay",
+        type=float,
+        default=0.0,
+        help="seconds of simulated compute per step (a sleep: workers overlap)",
+    )
+    p.add_argument(
+        "--straggler",
+        type=int,
+        default=1,
+        help="the last worker is this many times slower and pushes steps // K "
+        "gradients (async only)",
+    )
+    p.add_argument(
+        "--snapshots",
+        type=int,
+        default=8,
+        help="points of the accuracy-vs-time curve: the server's model at evenly "
+        "spaced update counts",
+    )
     p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
-    p.add_argument("--rpc-timeout", type=float, default=60.0,
-                   help="seconds an RPC may take before the caller gives up")
-    p.add_argument("--job-timeout", type=float, default=600.0,
-                   help="seconds shard 0 waits for every worker to finish before giving up")
-    p.add_argument("--crash", default="",
-                   help="fault injection: 'worker:STEP' (worker 1 dies at that step) or "
-                        "'server:VERSION' (shard 0 dies at that version)")
+    p.add_argument(
+        "--rpc-timeout",
+        type=float,
+        default=60.0,
+        help="seconds an RPC may take before the caller gives up",
+    )
+    p.add_argument(
+        "--job-timeout",
+        type=float,
+        default=600.0,
+        help="seconds shard 0 waits for every worker to finish before giving up",
+    )
+    p.add_argument(
+        "--crash",
+        default="",
+        help="fault injection: 'worker:STEP' (worker 1 dies at that step) or "
+        "'server:VERSION' (shard 0 dies at that version)",
+    )
     p.add_argument("--save", default="", help="write the final weights here (rank 0)")
     args = p.parse_args(argv)
     if args.shards < 1:
@@ -167,7 +198,9 @@ def pull() -> tuple[int, list[torch.Tensor]]:
         return SHARD.version, SHARD.weights()
 
 
-def push_async(grads: list[torch.Tensor], pulled: int, worker: int) -> tuple[int, list[torch.Tensor]]:
+def push_async(
+    grads: list[torch.Tensor], pulled: int, worker: int
+) -> tuple[int, list[torch.Tensor]]:
     """RPC (async mode): apply one worker's gradient now; answer with the new weights."""
     s = SHARD
     with s.lock:
@@ -217,14 +250,26 @@ def shard_stats() -> dict:
     """RPC: what a shard measured (asked by shard 0 at the end)."""
     s = SHARD
     with s.lock:
-        return {"version": s.version, "staleness": list(s.staleness), "pushes": list(s.pushes),
-                "busy_s": s.busy_s, "span_s": s.last - s.first, "weights": s.weights(),
-                "snapshots": list(s.snapshots)}
+        return {
+            "version": s.version,
+            "staleness": list(s.staleness),
+            "pushes": list(s.pushes),
+            "busy_s": s.busy_s,
+            "span_s": s.last - s.first,
+            "weights": s.weights(),
+            "snapshots": list(s.snapshots),
+        }
 
 
 # ============================================================ worker side
-def work(args: argparse.Namespace, wid: int, workers: int, servers: list[str],
-         owned: list[list[int]], data: tensordata.Tensors) -> None:
+def work(
+    args: argparse.Namespace,
+    wid: int,
+    workers: int,
+    servers: list[str],
+    owned: list[list[int]],
+    data: tensordata.Tensors,
+) -> None:
     device = profile.device()
     model = build_model(args).to(device)
     params = list(model.parameters())
@@ -248,23 +293,31 @@ def work(args: argparse.Namespace, wid: int, workers: int, servers: list[str],
             print(f"worker {wid}: simulated crash at step {step}", flush=True)
             os._exit(3)
         t0 = time.perf_counter()
-        idx = tensordata.batch_indices(len(x), args.batch_size, seed=args.seed, worker=wid, step=step)
+        idx = tensordata.batch_indices(
+            len(x), args.batch_size, seed=args.seed, worker=wid, step=step
+        )
         model.zero_grad(set_to_none=True)
         F.cross_entropy(model(x[idx]), y[idx]).backward()
         grads = [p.grad.detach().cpu() for p in params]
         time.sleep(delay)  # simulated compute: the core is free for the others meanwhile
         compute_s += time.perf_counter() - t0
-        futs = [rpc.rpc_async(s, push, args=([grads[i] for i in idx_k], v, wid), timeout=timeout)
-                for s, idx_k, v in zip(servers, owned, versions, strict=True)]
+        futs = [
+            rpc.rpc_async(s, push, args=([grads[i] for i in idx_k], v, wid), timeout=timeout)
+            for s, idx_k, v in zip(servers, owned, versions, strict=True)
+        ]
         versions = install([f.wait() for f in futs])
-    rpc.rpc_sync(servers[0], report, args=(wid, {
-        "start": start, "end": time.time(), "steps": steps, "compute_s": compute_s}),
-        timeout=timeout)
+    rpc.rpc_sync(
+        servers[0],
+        report,
+        args=(wid, {"start": start, "end": time.time(), "steps": steps, "compute_s": compute_s}),
+        timeout=timeout,
+    )
 
 
 # ============================================================ the job
-def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
-           data: tensordata.Tensors) -> None:
+def finish(
+    args: argparse.Namespace, servers: list[str], owned: list[list[int]], data: tensordata.Tensors
+) -> None:
     """Shard 0, after every worker has left: gather, evaluate, emit."""
     stats = [shard_stats()] + [rpc.rpc_sync(s, shard_stats) for s in servers[1:]]
     reports = SHARD.reports
@@ -272,15 +325,24 @@ def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
     end = max(r["end"] for r in reports.values())
     model = build_model(args)
     params = list(model.parameters())
-    metrics.emit({"event": "ps_eval", "mode": args.mode, "updates": 0, "t": 0.0,
-                  "acc": tensordata.accuracy(model, data.x_test, data.y_test)})
+    metrics.emit(
+        {
+            "event": "ps_eval",
+            "mode": args.mode,
+            "updates": 0,
+            "t": 0.0,
+            "acc": tensordata.accuracy(model, data.x_test, data.y_test),
+        }
+    )
     # Every shard kept its slice at the same versions; shard 0's clock dates them.
-    for (version, t, _), *slices in zip(stats[0]["snapshots"], *(st["snapshots"] for st in stats),
-                                        strict=True):
+    for (version, t, _), *slices in zip(
+        stats[0]["snapshots"], *(st["snapshots"] for st in stats), strict=True
+    ):
         load(params, owned, [ws for _, _, ws in slices])
         acc = tensordata.accuracy(model, data.x_test, data.y_test)
-        metrics.emit({"event": "ps_eval", "mode": args.mode, "updates": version, "t": t - start,
-                      "acc": acc})
+        metrics.emit(
+            {"event": "ps_eval", "mode": args.mode, "updates": version, "t": t - start, "acc": acc}
+        )
     load(params, owned, [st["weights"] for st in stats])  # the final weights, from the servers
     final_acc = tensordata.accuracy(model, data.x_test, data.y_test)
     if args.save:
@@ -290,26 +352,40 @@ def finish(args: argparse.Namespace, servers: list[str], owned: list[list[int]],
     wall = end - start
     staleness = stats[0]["staleness"]
     summary = {
-        "event": "ps_summary", "mode": args.mode, "workers": workers, "shards": len(servers),
-        "optimizer": args.optimizer, "steps": args.steps, "delay": args.delay,
-        "straggler": args.straggler, "gradients": grads, "updates": stats[0]["version"],
-        "pushes": stats[0]["pushes"], "last_update_s": stats[0]["snapshots"][-1][1] - start,
-        "wall_s": wall, "grads_per_s": grads / wall, "final_acc": final_acc,
-        "staleness": staleness, "mean_staleness": sum(staleness) / len(staleness),
+        "event": "ps_summary",
+        "mode": args.mode,
+        "workers": workers,
+        "shards": len(servers),
+        "optimizer": args.optimizer,
+        "steps": args.steps,
+        "delay": args.delay,
+        "straggler": args.straggler,
+        "gradients": grads,
+        "updates": stats[0]["version"],
+        "pushes": stats[0]["pushes"],
+        "last_update_s": stats[0]["snapshots"][-1][1] - start,
+        "wall_s": wall,
+        "grads_per_s": grads / wall,
+        "final_acc": final_acc,
+        "staleness": staleness,
+        "mean_staleness": sum(staleness) / len(staleness),
         "max_staleness": max(staleness),
         "server_busy": [st["busy_s"] / wall for st in stats],
         "worker_compute": sum(r["compute_s"] for r in reports.values()) / (workers * wall),
     }
     metrics.emit(summary)
-    print(f"{args.mode} PS, {len(servers)} shard(s), {workers} workers: {grads} gradients in "
-          f"{wall:.2f} s = {grads / wall:.0f}/s; {stats[0]['version']} updates; staleness mean "
-          f"{summary['mean_staleness']:.2f} max {summary['max_staleness']}; server busy "
-          f"{', '.join(f'{b:.0%}' for b in summary['server_busy'])}; test accuracy {final_acc:.3f}",
-          flush=True)
+    print(
+        f"{args.mode} PS, {len(servers)} shard(s), {workers} workers: {grads} gradients in "
+        f"{wall:.2f} s = {grads / wall:.0f}/s; {stats[0]['version']} updates; staleness mean "
+        f"{summary['mean_staleness']:.2f} max {summary['max_staleness']}; server busy "
+        f"{', '.join(f'{b:.0%}' for b in summary['server_busy'])}; test accuracy {final_acc:.3f}",
+        flush=True,
+    )
 
 
-def load(params: list[torch.Tensor], owned: list[list[int]],
-         slices: list[list[torch.Tensor]]) -> None:
+def load(
+    params: list[torch.Tensor], owned: list[list[int]], slices: list[list[torch.Tensor]]
+) -> None:
     """Copy each shard's slice of the weights into the full model's parameters."""
     with torch.no_grad():
         for idx, ws in zip(owned, slices, strict=True):
@@ -323,8 +399,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world <= args.shards:
-        sys.exit(f"param_server.py needs more processes than --shards={args.shards} "
-                 f"(got {world}): start it with torchrun --nproc-per-node N")
+        sys.exit(
+            f"param_server.py needs more processes than --shards={args.shards} "
+            f"(got {world}): start it with torchrun --nproc-per-node N"
+        )
     profile.configure_threads()
     servers = [f"ps{k}" for k in range(args.shards)]
     workers = world - args.shards
@@ -336,8 +414,9 @@ def main(argv: list[str] | None = None) -> None:
     # Load the data first: init_rpc waits for every process, so the workers then start
     # their loops together (a late starter would see no concurrency, hence no staleness).
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
-    opts = rpc.TensorPipeRpcBackendOptions(rpc_timeout=args.rpc_timeout, num_worker_threads=16,
-                                           init_method="env://")
+    opts = rpc.TensorPipeRpcBackendOptions(
+        rpc_timeout=args.rpc_timeout, num_worker_threads=16, init_method="env://"
+    )
     # RPC's agent holds a Gloo group and threads: the rank must end as every rank that joined
     # a group does, without finalizing the interpreter under them (sys.exit keeps the status)
     dist.leave_at_exit()
@@ -356,8 +435,10 @@ def main(argv: list[str] | None = None) -> None:
                 finish(args, servers, owned, data)
     except RuntimeError as exc:  # a peer died or an RPC timed out
         print(f"{name}: {type(exc).__name__}: {exc}".splitlines()[0], flush=True)
-        sys.exit(f"{name}: lost contact with the job ({exc.__class__.__name__}); "
-                 "see the failing process above")
+        sys.exit(
+            f"{name}: lost contact with the job ({exc.__class__.__name__}); "
+            "see the failing process above"
+        )
     rpc.shutdown()  # graceful: waits until every process is done with its RPCs
 
 

@@ -31,7 +31,6 @@ from lab_utils.solutions.lab6 import make_buckets
 BUGS = ("none", "no_average", "early_bucket")
 
 
-
 class HandDDP:
     """DistributedDataParallel by hand.
 
@@ -44,8 +43,9 @@ class HandDDP:
     ``overlap=False`` is the naive version: nothing is sent until backward has ended.
     ``bug`` makes one deliberate mistake (to show that the equivalence check catches it)."""
 
-    def __init__(self, model: torch.nn.Module, bucket_bytes: int, *, overlap: bool = True,
-                 bug: str = "none") -> None:
+    def __init__(
+        self, model: torch.nn.Module, bucket_bytes: int, *, overlap: bool = True, bug: str = "none"
+    ) -> None:
         self.model, self.overlap, self.bug = model, overlap, bug
         self.n = tdist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -83,7 +83,7 @@ class HandDDP:
             offset = 0
             for p in self.buckets[k]:
                 if p.grad is not None:
-                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p))
                 offset += p.numel()
         self.pending.clear()
         self.ready = [0] * len(self.buckets)
@@ -93,20 +93,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     P = profile.current()
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
-    p.add_argument("--bucket-kb", nargs="+", type=float,
-                   default=P.pick(quick=[16, 128, 1024], cpu=[32, 256, 1024, 4096],
-                                  gpu=[256, 1024, 4096, 25600]),
-                   help="bucket sizes (KiB) timed; the first is used for the equivalence check")
-    p.add_argument("--repeats", type=int, default=P.pick(quick=3, cpu=8, gpu=10),
-                   help="timed rounds; each round times every variant once, in alternating order")
-    p.add_argument("--bugs", nargs="+", choices=BUGS, default=["none"],
-                   help="the equivalence check of each: HandDDP as written (none) or wrong on "
-                        "purpose (forget the average; send a bucket when its first gradient is ready)")
+    p.add_argument(
+        "--bucket-kb",
+        nargs="+",
+        type=float,
+        default=P.pick(
+            quick=[16, 128, 1024], cpu=[32, 256, 1024, 4096], gpu=[256, 1024, 4096, 25600]
+        ),
+        help="bucket sizes (KiB) timed; the first is used for the equivalence check",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=P.pick(quick=3, cpu=8, gpu=10),
+        help="timed rounds; each round times every variant once, in alternating order",
+    )
+    p.add_argument(
+        "--bugs",
+        nargs="+",
+        choices=BUGS,
+        default=["none"],
+        help="the equivalence check of each: HandDDP as written (none) or wrong on "
+        "purpose (forget the average; send a bucket when its first gradient is ready)",
+    )
     p.add_argument("--no-timing", action="store_true", help="only the equivalence check")
     return p.parse_args(argv)
 
 
-def my_batch(args: argparse.Namespace, data, step: int, device: torch.device):  # noqa: ANN001, ANN201
+def my_batch(args: argparse.Namespace, data, step: int, device: torch.device):
     """This rank's share of the global batch of ``step``."""
     rank, n = tdist.get_rank(), tdist.get_world_size()
     x, y = data.batch(args.batch_size, args.seq_len, step, args.seed)
@@ -118,16 +132,20 @@ def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None}
 
 
-def equivalence(args: argparse.Namespace, bug: str, data, device: torch.device) -> dict:  # noqa: ANN001
+def equivalence(args: argparse.Namespace, bug: str, data, device: torch.device) -> dict:
     """Train HandDDP and DDP side by side; the largest relative difference of the
     averaged gradients over the steps, and of the weights at the end."""
-    torch.manual_seed(args.seed + 1 + tdist.get_rank())  # different starts: the broadcast must fix them
+    torch.manual_seed(
+        args.seed + 1 + tdist.get_rank()
+    )  # different starts: the broadcast must fix them
     mine = parallel.build_model(args).to(device)
     for q in mine.parameters():  # a model that differs on every rank before [1]
         q.data.add_(torch.randn_like(q), alpha=0.01 * tdist.get_rank())
     hand = HandDDP(mine, int(args.bucket_kb[0] * 1024), bug=bug)
-    ref = DDP(parallel.build_model(args).to(device),
-              device_ids=[device.index] if device.type == "cuda" else None)
+    ref = DDP(
+        parallel.build_model(args).to(device),
+        device_ids=[device.index] if device.type == "cuda" else None,
+    )
     opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (mine, ref)]
     grad_err = 0.0
     for step in range(args.steps):
@@ -139,11 +157,18 @@ def equivalence(args: argparse.Namespace, bug: str, data, device: torch.device) 
         grad_err = max(grad_err, parallel.relative_error(grads_of(mine), grads_of(ref.module)))
         for opt in opts:
             opt.step()
-    weight_err = parallel.relative_error(dict(mine.named_parameters()),
-                                         dict(ref.module.named_parameters()))
-    return {"event": "equivalence", "bug": bug, "steps": args.steps,
-            "buckets": len(hand.buckets), "bucket_kb": args.bucket_kb[0],
-            "grad_rel_err": grad_err, "weight_rel_err": weight_err}
+    weight_err = parallel.relative_error(
+        dict(mine.named_parameters()), dict(ref.module.named_parameters())
+    )
+    return {
+        "event": "equivalence",
+        "bug": bug,
+        "steps": args.steps,
+        "buckets": len(hand.buckets),
+        "bucket_kb": args.bucket_kb[0],
+        "grad_rel_err": grad_err,
+        "weight_rel_err": weight_err,
+    }
 
 
 def sync(device: torch.device) -> None:
@@ -154,13 +179,17 @@ def sync(device: torch.device) -> None:
 class Variant:
     """One way of training, timed step by step."""
 
-    def __init__(self, name: str, args: argparse.Namespace, device: torch.device,
-                 bucket_kb: float, kind: str) -> None:
+    def __init__(
+        self, name: str, args: argparse.Namespace, device: torch.device, bucket_kb: float, kind: str
+    ) -> None:
         model = parallel.build_model(args).to(device)
         self.name, self.kind, self.hand = name, kind, None
         if kind == "ddp":
-            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                        bucket_cap_mb=bucket_kb / 1024)
+            model = DDP(
+                model,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=bucket_kb / 1024,
+            )
         elif kind in ("naive", "overlap"):
             self.hand = HandDDP(model, int(bucket_kb * 1024), overlap=kind == "overlap")
         self.model, self.device = model, device
@@ -184,8 +213,9 @@ class Variant:
         self.seconds.append(time.perf_counter() - start)
 
 
-def interleaved_times(variants: list[Variant], args: argparse.Namespace, data,  # noqa: ANN001
-                      device: torch.device) -> None:
+def interleaved_times(
+    variants: list[Variant], args: argparse.Namespace, data, device: torch.device
+) -> None:
     """One warm-up step each, then --repeats rounds, the order reversed every other
     round (A B C, C B A, ...) so a machine that gets busier favours no variant."""
     x, y = my_batch(args, data, 0, device)
@@ -195,7 +225,7 @@ def interleaved_times(variants: list[Variant], args: argparse.Namespace, data,  
         v.backward_seconds.clear()
     for r in range(args.repeats):
         x, y = my_batch(args, data, r + 1, device)
-        for v in (variants if r % 2 == 0 else variants[::-1]):
+        for v in variants if r % 2 == 0 else variants[::-1]:
             tdist.barrier()  # every rank starts the variant together
             v.step(x, y)
 
@@ -248,22 +278,27 @@ def main() -> None:
     for bug in args.bugs:
         eq = equivalence(args, bug, data, device)
         metrics.emit({**eq, "procs": n})
-        dist.print0(f"HandDDP (bug={bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
-                    f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}")
+        dist.print0(
+            f"HandDDP (bug={bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
+            f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}"
+        )
     if args.no_timing:
         dist.shutdown()
         return
 
     # -- 2. naive vs overlapped vs DDP, same bucket size, interleaved
     kb = args.bucket_kb[0]
-    side = [Variant("naive", args, device, kb, "naive"), Variant("overlapped", args, device, kb, "overlap"),
-            Variant("DDP", args, device, kb, "ddp")]
+    side = [
+        Variant("naive", args, device, kb, "naive"),
+        Variant("overlapped", args, device, kb, "overlap"),
+        Variant("DDP", args, device, kb, "ddp"),
+    ]
     interleaved_times(side, args, data, device)
     # -- 3. the bucket sizes, overlapped, interleaved; backward without any communication
     alone = Variant("no communication", args, device, kb, "none")
     caps = [Variant(f"{b:g} KiB", args, device, b, "overlap") for b in args.bucket_kb]
     interleaved_times([alone, *caps], args, data, device)
-    sizes = [2 ** k for k in range(10, 23, 2)]
+    sizes = [2**k for k in range(10, 23, 2)]
     ar = allreduce_times(device, sizes, args.repeats)
     alpha, beta = fit_alpha_beta(sizes, ar)
     backward_s = statistics.median(alone.backward_seconds)
@@ -271,17 +306,35 @@ def main() -> None:
     per_cap = []
     for b, v in zip(args.bucket_kb, caps):
         bb = [sum(p.numel() * p.element_size() for p in bucket) for bucket in v.hand.buckets]
-        per_cap.append({"bucket_kb": b, "buckets": len(bb), "step_s": v.seconds,
-                        "predicted_exposed_s": replay_exposed(bb, backward_s, alpha, beta)})
-    result = {"event": "timing", "procs": n, "repeats": args.repeats, "bucket_kb": kb,
-              "psi_bytes": psi_bytes, "variants": {v.name: v.seconds for v in side},
-              "alpha_s": alpha, "beta_s_per_byte": beta, "allreduce_bytes": sizes,
-              "allreduce_s": ar, "backward_s": backward_s, "no_comm_step_s": alone.seconds,
-              "caps": per_cap}
+        per_cap.append(
+            {
+                "bucket_kb": b,
+                "buckets": len(bb),
+                "step_s": v.seconds,
+                "predicted_exposed_s": replay_exposed(bb, backward_s, alpha, beta),
+            }
+        )
+    result = {
+        "event": "timing",
+        "procs": n,
+        "repeats": args.repeats,
+        "bucket_kb": kb,
+        "psi_bytes": psi_bytes,
+        "variants": {v.name: v.seconds for v in side},
+        "alpha_s": alpha,
+        "beta_s_per_byte": beta,
+        "allreduce_bytes": sizes,
+        "allreduce_s": ar,
+        "backward_s": backward_s,
+        "no_comm_step_s": alone.seconds,
+        "caps": per_cap,
+    }
     metrics.emit(result)
     med = {v.name: statistics.median(v.seconds) * 1e3 for v in side}
     dist.print0("median step (ms): " + ", ".join(f"{k} {t:.1f}" for k, t in med.items()))
-    dist.print0(f"all-reduce fit: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s")
+    dist.print0(
+        f"all-reduce fit: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s"
+    )
     dist.shutdown()
 
 

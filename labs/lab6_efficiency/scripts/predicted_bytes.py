@@ -33,8 +33,8 @@ from lab_utils import dist, metrics, parallel, profile, traffic
 
 # Lab 4's scripts: the DDP / ZeRO-1 / FSDP wrapping and the Megatron plan, reused as they are.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab4_model_parallel" / "scripts"))
-from sharded import wrap  # noqa: E402
-from tensor_parallel import comm_counts, tp_plan  # noqa: E402
+from sharded import wrap
+from tensor_parallel import comm_counts, tp_plan
 
 STRATEGIES = ("ddp", "zero1", "fsdp", "tp", "pp")
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
@@ -46,18 +46,23 @@ class FunctionalBytes(TorchDispatchMode):
     go to the process group from C++ and so past :func:`lab_utils.traffic.count`: the
     full tensor of each, by kind, as ``traffic`` counts them."""
 
-    KINDS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
-             "reduce_scatter_tensor": "reduce_scatter"}
+    KINDS = {
+        "all_reduce": "all_reduce",
+        "all_gather_into_tensor": "all_gather",
+        "reduce_scatter_tensor": "reduce_scatter",
+    }
 
     def __init__(self, world: int) -> None:
         super().__init__()
         self.world, self.bytes, self.calls = world, Counter(), Counter()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if func.namespace == "_c10d_functional" and name in self.KINDS:
             t = args[0]
-            size = t.numel() * t.element_size() * (self.world if name.startswith("all_gather") else 1)
+            size = (
+                t.numel() * t.element_size() * (self.world if name.startswith("all_gather") else 1)
+            )
             self.bytes[self.KINDS[name]] += size
             self.calls[self.KINDS[name]] += 1
         return func(*args, **(kwargs or {}))
@@ -70,10 +75,10 @@ def sends() -> Counter:
     sent = Counter()
     originals = {"isend": c10d.isend, "send": c10d.send}
 
-    def counting(name: str):  # noqa: ANN202
+    def counting(name: str):
         original = originals[name]
 
-        def call(tensor, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        def call(tensor, *args, **kwargs):
             sent["p2p"] += tensor.numel() * tensor.element_size()
             return original(tensor, *args, **kwargs)
 
@@ -101,7 +106,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device) -> dict:  # noqa: ANN001
+def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device) -> dict:
     """DDP, ZeRO-1 or FSDP (Lab 4's wrap): each rank its share of the batch."""
     rank, n = tdist.get_rank(), tdist.get_world_size()
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
@@ -117,7 +122,7 @@ def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device)
     return {"bytes": counted, "calls": {}}
 
 
-def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:  # noqa: ANN001
+def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:
     """Megatron's plan (Lab 4): every rank the whole batch, half of each block."""
     mesh = init_device_mesh(device.type, (tdist.get_world_size(),))
     tp = parallelize_module(parallel.build_model(args).to(device), mesh, tp_plan(args.layers))
@@ -129,12 +134,15 @@ def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:  # 
             parallel.lm_loss(tp(x), y).backward()
             opt.step()
         if i == len(batches) - 1:
-            out = {"bytes": dict(seen.bytes), "calls": dict(seen.calls),
-                   "comm_debug_counts": comm_counts(debug)}
+            out = {
+                "bytes": dict(seen.bytes),
+                "calls": dict(seen.calls),
+                "comm_debug_counts": comm_counts(debug),
+            }
     return out
 
 
-def pipeline_step(args: argparse.Namespace, batches, device) -> dict:  # noqa: ANN001
+def pipeline_step(args: argparse.Namespace, batches, device) -> dict:
     """One stage per rank (contiguous layers), GPipe with --microbatches micro-batches."""
     rank, p = tdist.get_rank(), tdist.get_world_size()
     model = parallel.build_model(args).to(device)
@@ -164,19 +172,30 @@ def main() -> None:
     args = parse_args()
     n = dist.detect().world_size
     parallel.require(n >= 2, "run on at least 2 processes: alone nothing is communicated")
-    parallel.require(args.batch_size % n == 0 and args.batch_size % args.microbatches == 0,
-                     f"--batch-size {args.batch_size} must divide by {n} processes and by "
-                     f"--microbatches {args.microbatches}")
+    parallel.require(
+        args.batch_size % n == 0 and args.batch_size % args.microbatches == 0,
+        f"--batch-size {args.batch_size} must divide by {n} processes and by "
+        f"--microbatches {args.microbatches}",
+    )
     parallel.require(args.heads % n == 0, f"{n} processes cannot split {args.heads} heads evenly")
     info = dist.init()
     device = info.device
     data = parallel.corpus(args)
-    batches = [tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-               for s in range(2)]
+    batches = [
+        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        for s in range(2)
+    ]
     model = parallel.build_model(args)
-    shape = {"procs": n, "psi": sum(q.numel() for q in model.parameters()),
-             "d_model": args.d_model, "layers": args.layers, "batch_size": args.batch_size,
-             "seq_len": args.seq_len, "microbatches": args.microbatches, "bytes_per_value": 4}
+    shape = {
+        "procs": n,
+        "psi": sum(q.numel() for q in model.parameters()),
+        "d_model": args.d_model,
+        "layers": args.layers,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "microbatches": args.microbatches,
+        "bytes_per_value": 4,
+    }
     metrics.emit({"event": "model", **shape})
     for strategy in args.strategies:
         if strategy == "tp":

@@ -32,8 +32,13 @@ warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
 def parse_args(argv=None) -> argparse.Namespace:
     p = lab_profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
-    p.add_argument("--bucket-cap-mb", nargs="+", type=float, default=[0.05, 25.0],
-                   help="DDP bucket sizes (MB) to profile, one trace per size and rank")
+    p.add_argument(
+        "--bucket-cap-mb",
+        nargs="+",
+        type=float,
+        default=[0.05, 25.0],
+        help="DDP bucket sizes (MB) to profile, one trace per size and rank",
+    )
     p.add_argument("--warmup", type=int, default=1, help="steps run before recording")
     p.add_argument("--active", type=int, default=2, help="steps recorded in the trace")
     p.add_argument("--out", default=None, help="folder of the traces (default runs/lab6/traces)")
@@ -51,24 +56,30 @@ def bucket_count(ddp: DDP) -> int:
     return len(ddp.reducer._get_zeros_like_grad_buckets())
 
 
-def profiled_run(args: argparse.Namespace, cap: float, device: torch.device,
-                 out: Path) -> tuple[Path, int]:
+def profiled_run(
+    args: argparse.Namespace, cap: float, device: torch.device, out: Path
+) -> tuple[Path, int]:
     """Train warm-up + active DDP steps with bucket size ``cap`` MB under the profiler;
     return the path of this rank's Chrome trace and DDP's bucket count."""
     model = parallel.build_model(args).to(device)
-    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-              bucket_cap_mb=cap)
+    ddp = DDP(
+        model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=cap
+    )
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     data = parallel.corpus(args)
     rank, n = tdist.get_rank(), tdist.get_world_size()
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
     steps = args.warmup + args.active
     path = out / f"ddp_b{cap:g}_rank{rank}.json"
-    with profile(activities=activities(device),
-                 schedule=schedule(wait=0, warmup=args.warmup, active=args.active),
-                 on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+    with profile(
+        activities=activities(device),
+        schedule=schedule(wait=0, warmup=args.warmup, active=args.active),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
         for step in range(steps):
-            x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))
+            x, y = (
+                t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed)
+            )
             opt.zero_grad()
             parallel.lm_loss(ddp(x[mine]), y[mine]).backward()
             opt.step()
@@ -87,11 +98,21 @@ def main() -> None:
         path, buckets = profiled_run(args, cap, info.device, out)
         psi = psi or sum(q.numel() for q in parallel.build_model(args).parameters())
         tdist.barrier()
-        metrics.emit({"event": "trace", "bucket_cap_mb": cap, "procs": n, "psi": psi,
-                      "active_steps": args.active, "buckets": buckets,
-                      "paths": [str(out / f"ddp_b{cap:g}_rank{r}.json") for r in range(n)]})
-        dist.print0(f"bucket_cap_mb {cap:g}: {buckets} buckets; traces "
-                    f"{path.name.replace('rank0', 'rank*')} in {out}")
+        metrics.emit(
+            {
+                "event": "trace",
+                "bucket_cap_mb": cap,
+                "procs": n,
+                "psi": psi,
+                "active_steps": args.active,
+                "buckets": buckets,
+                "paths": [str(out / f"ddp_b{cap:g}_rank{r}.json") for r in range(n)],
+            }
+        )
+        dist.print0(
+            f"bucket_cap_mb {cap:g}: {buckets} buckets; traces "
+            f"{path.name.replace('rank0', 'rank*')} in {out}"
+        )
     dist.shutdown()
 
 
