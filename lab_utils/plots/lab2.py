@@ -17,6 +17,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
+from lab_utils.source import render
+
 RANK_COLORS = plt.get_cmap("tab10").colors
 
 
@@ -625,17 +627,11 @@ def show_diff(
     names = names or {}
     shown = [s for s in steps if only is None or s.step in only]
     titles = [f"[{s.step}] {names.get(s.step, '')} (+{s.added} −{s.removed} lines)" for s in shown]
-    try:
-        from IPython.display import HTML, display
-    except ImportError:
-        display = None
-    if display is not None:
-        display(HTML("".join(diff_html(s, t) for s, t in zip(shown, titles, strict=True))))
-    else:
-        for s, t in zip(shown, titles, strict=True):
-            print(t)
-            for hunk in s.hunks:
-                print("\n".join(k + " " + line for k, line in hunk))
+    pairs = list(zip(shown, titles, strict=True))
+    plain = "\n".join(
+        "\n".join([t, *(k + " " + line for hunk in s.hunks for k, line in hunk)]) for s, t in pairs
+    )
+    render("".join(diff_html(s, t) for s, t in pairs), plain)
     return steps
 
 
