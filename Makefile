@@ -1,6 +1,8 @@
 # Entry points of the lab suite. `make lab` and `make test` are all most people need.
 # Each target that runs something first runs scripts/setup.sh, which skips what is
-# already done (a few seconds once everything is installed).
+# already done (a few seconds once everything is installed): `--for lab` installs what
+# the labs need, `--for test` adds the tests' tools (pytest, Playwright and chromium,
+# Slurm's daemons).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -39,12 +41,13 @@ test: export GLOO_SOCKET_IFNAME ?= lo
 # Two pytest workers on two cores: one thread per process, or they slow each other down.
 test: export OMP_NUM_THREADS ?= 1
 
-.PHONY: help setup lab test grade submission-given bench science lint clean distclean
+.PHONY: help setup setup-lab lab test grade submission-given bench science lint clean distclean
 
 help:
-	@echo "make lab        set everything up, then start JupyterLab on labs/ (LAB_ARGS='--ip 0.0.0.0 ...')"
+	@echo "make lab        set up what the labs need, then start JupyterLab on labs/ (LAB_ARGS='--ip 0.0.0.0 ...')"
 	@echo "make test       set everything up, then run the whole test suite (PYTEST_ARGS='-k ...')"
-	@echo "make setup      system packages, .venv, PyTorch, lab_utils, Horovod (scripts/setup.sh)"
+	@echo "make setup      what the labs and the tests need (scripts/setup.sh --for test)"
+	@echo "make setup-lab  what the labs need: no test tools (scripts/setup.sh --for lab)"
 	@echo "make grade      grade an assessment submission: make grade SUBMISSION=path/to/train.py"
 	@echo "make bench      run the performance harness (ARGS='...' passed to python -m benchmarks)"
 	@echo "make science    run the Lab 1 and Lab 3 experiments behind their claims (make test asserts them too)"
@@ -52,9 +55,12 @@ help:
 	@echo "make clean      remove caches and build outputs; make distclean also removes .venv and runs/"
 
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup.sh --for test
 
-lab: setup
+setup-lab:
+	@bash scripts/setup.sh --for lab
+
+lab: setup-lab
 	$(VENV)/bin/jupyter lab --notebook-dir=labs $(ALLOW_ROOT) $(LAB_ARGS)
 
 # pytest's exit codes: 1 tests failed, 2 interrupted, 3 internal error,
@@ -75,22 +81,22 @@ test: setup
 	[[ -f $(TEST_RESULTS) ]] && $(PY) -c '$(TEST_SUMMARY)' $(TEST_RESULTS); \
 	exit $$rc
 
-grade: submission-given setup
+grade: submission-given setup-lab
 	$(VENV)/bin/lab-grade "$(SUBMISSION)" $(ARGS)
 
 submission-given:
 	@test -n "$(SUBMISSION)" || { echo "usage: make grade SUBMISSION=path/to/train.py [ARGS='...']" >&2; exit 2; }
 
-bench: setup
+bench: setup-lab
 	$(PY) -m benchmarks $(ARGS)
 
-science: setup
+science: setup-lab
 	$(PY) labs/lab3_large_batch/science.py $(ARGS)
 	$(PY) labs/lab1_optimisation/steps_to_target.py
 
 # Needs only ruff, so a missing .venv is made without building Horovod.
 lint:
-	@test -x $(VENV)/bin/ruff || LABS_SKIP_HOROVOD=1 bash scripts/setup.sh
+	@test -x $(VENV)/bin/ruff || LABS_SKIP_HOROVOD=1 bash scripts/setup.sh --for test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 

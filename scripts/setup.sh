@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Sets up everything the labs and the tests need, and skips what is already
-# done, so a second run takes seconds:
+# Sets up what the labs (and, for the tests, their tools) need, and skips what is
+# already done, so a second run takes seconds:
 #   1. system packages (OpenMPI, Fashion-MNIST, compilers) via apt when root;
 #   2. the virtual environment .venv;
 #   3. PyTorch (an importable torch is kept as it is);
-#   4. this package with its dev extras (pip install -e '.[dev]');
+#   4. this package with its extras (pip install -e '.[...]');
 #   5. Horovod with PyTorch, MPI and Gloo (scripts/build_horovod.sh).
 # and ships the course's JupyterLab settings (scripts/jupyterlab-overrides.json), and in
 # a git checkout has git see notebooks without their outputs (scripts/clean_notebook.py).
+#
+# Usage: setup.sh [--for lab|test] [--plan]
+#   --for lab    what the labs need (`make lab`): no browser, no Slurm daemons, no pytest
+#   --for test   that and the tests' tools (`make test`, `make setup`; the default)
+#   --plan       print the packages this would install, change nothing
 #
 # Environment:
 #   LABS_SKIP_HOROVOD=1     do not build Horovod (the Horovod parts of the labs are skipped)
@@ -22,11 +27,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # (checked by tests/test_setup_files.py).
 APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless"
 # Debian's browser, for the tests that drive JupyterLab (tests/test_browser.py); not in
-# the Dockerfile (Ubuntu's chromium is a snap) nor in environment.yml.
+# the Dockerfile (Ubuntu's chromium is a snap) nor in environment.yml. Tests only.
 BROWSER_APT_PACKAGES="chromium"
 # Slurm and munge, for the one-node cluster the tests start (lab_utils/slurm_cluster.py,
-# tests/test_slurm.py): not in environment.yml (conda has no Slurm daemons).
+# tests/test_slurm.py): not in environment.yml (conda has no Slurm daemons). Tests only.
 SLURM_APT_PACKAGES="slurmctld slurmd slurm-client munge"
+# pip extras: spark for Horovod on Spark (Lab 2); dev adds pytest, nbval and ruff, and
+# browser Playwright for tests/test_browser.py (it drives Debian's chromium, downloads none).
+LAB_EXTRAS="lab,spark"
+TEST_EXTRAS="lab,dev,spark,browser"
 # Only when the python3 found cannot make a venv or lacks the headers Horovod compiles against.
 PYTHON_APT_PACKAGES="python3 python3-venv python3-dev"
 
@@ -45,13 +54,29 @@ else
     REQUIRE_HOROVOD=${LABS_REQUIRE_HOROVOD:-0}
 fi
 
+FOR=test
+PLAN=0
+while (($#)); do
+    case $1 in
+        --for) FOR=${2:-}; shift 2 || true ;;
+        --for=*) FOR=${1#--for=}; shift ;;
+        --plan) PLAN=1; shift ;;
+        *) echo "usage: setup.sh [--for lab|test] [--plan]" >&2; exit 2 ;;
+    esac
+done
+case $FOR in
+    lab) WANTED_APT="$APT_PACKAGES" EXTRAS=$LAB_EXTRAS ;;
+    test) WANTED_APT="$APT_PACKAGES $BROWSER_APT_PACKAGES $SLURM_APT_PACKAGES" EXTRAS=$TEST_EXTRAS ;;
+    *) echo "setup.sh: --for takes lab or test, not '$FOR'" >&2; exit 2 ;;
+esac
+
 say() { echo "setup: $*"; }
 die() { echo "setup: ERROR: $*" >&2; exit 1; }
 is_root() { [[ $(id -u) -eq 0 ]]; }
 
 missing_apt_packages() {
     local pkg python_packages missing=()
-    for pkg in $APT_PACKAGES $BROWSER_APT_PACKAGES $SLURM_APT_PACKAGES; do
+    for pkg in $WANTED_APT; do
         [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]] \
             || missing+=("$pkg")
     done
@@ -142,16 +167,28 @@ step_torch() {
 
 pyproject_hash() { sha256sum pyproject.toml | cut -d' ' -f1; }
 
+# The stamp holds pyproject.toml's hash and the extras installed with it: an install for
+# the tests also serves the labs, one for the labs lacks the tests' extras.
+package_installed() {
+    local hash extras extra
+    [[ -f $STAMP && -x $VENV/bin/lab-grade ]] || return 1
+    read -r hash extras <"$STAMP"
+    extras=${extras:-$TEST_EXTRAS}  # a stamp holding only the hash: the full install
+    [[ $hash == "$(pyproject_hash)" ]] || return 1
+    for extra in ${EXTRAS//,/ }; do
+        [[ ,$extras, == *,$extra,* ]] || return 1
+    done
+}
+
 step_package() {
-    if [[ -f $STAMP && $(cat "$STAMP") == "$(pyproject_hash)" && -x $VENV/bin/lab-grade ]]; then
-        say "[4/5] lab_utils with dev extras: already installed (pyproject.toml unchanged)"
+    if package_installed; then
+        say "[4/5] lab_utils [$EXTRAS]: already installed (pyproject.toml unchanged)"
         return
     fi
-    # spark: pyspark + pyarrow (~660 MB) for Horovod on Spark; browser: Playwright for
-    # tests/test_browser.py (it drives Debian's chromium and downloads no browser).
-    say "[4/5] lab_utils with dev extras: pip install -e '.[dev,spark,browser]'"
-    "$PY" -m pip install --quiet -e '.[dev,spark,browser]'
-    pyproject_hash >"$STAMP"
+    # spark: pyspark + pyarrow (~660 MB) for Horovod on Spark.
+    say "[4/5] lab_utils: pip install -e '.[$EXTRAS]'"
+    "$PY" -m pip install --quiet -e ".[$EXTRAS]"
+    echo "$(pyproject_hash) $EXTRAS" >"$STAMP"
     ENVIRONMENT_CHANGED=1
 }
 
@@ -207,7 +244,20 @@ step_notebook_filter() {
     say "git: notebooks compared and committed without outputs (filter.labs-notebook, .gitattributes)"
 }
 
+# What --plan prints: one line per kind of install, parsed by tests/test_setup_files.py.
+print_plan() {
+    echo "for: $FOR"
+    echo "apt: $WANTED_APT"
+    echo "pip: -e .[$EXTRAS]"
+}
+
+if ((PLAN)); then
+    print_plan
+    exit 0
+fi
+
 start=$SECONDS
+say "setting up for ${FOR}s"
 step_system_packages
 step_venv
 step_torch

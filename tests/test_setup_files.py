@@ -240,12 +240,75 @@ def extras(text: str, prefix: str) -> set[str]:
 
 def test_spark_extra_and_java_everywhere() -> None:
     """Horovod on Spark needs the spark extra and Java 17 wherever the labs are set up."""
-    assert "spark" in extras(SETUP_SH.read_text(), "-e '")
-    assert "browser" in extras(SETUP_SH.read_text(), "-e '")
+    assert "spark" in pip_extras(setup_plan("lab"))
+    assert "browser" in pip_extras(setup_plan("test"))
     assert "spark" in extras(DOCKERFILE.read_text(), "-e '")
     assert "spark" in extras(ENVIRONMENT_YML.read_text(), "-e ")
     assert "openjdk-17-jre-headless" in apt_packages()
     assert "chromium" in shell_variable(SETUP_SH, "BROWSER_APT_PACKAGES").split()
+
+
+def setup_plan(target: str) -> dict[str, list[str]]:
+    """What setup.sh would install for ``target`` (lab or test): its --plan, parsed."""
+    result = subprocess.run(
+        ["bash", str(SETUP_SH), "--for", target, "--plan"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    plan = {}
+    for line in result.stdout.splitlines():
+        kind, _, value = line.partition(": ")
+        plan[kind] = value.split()
+    return plan
+
+
+def pip_extras(plan: dict[str, list[str]]) -> set[str]:
+    (install,) = [word for word in plan["pip"] if word.startswith(".[")]
+    return set(install.removeprefix(".[").removesuffix("]").split(","))
+
+
+TEST_ONLY_APT = {"chromium", "slurmctld", "slurmd", "slurm-client", "munge"}
+TEST_ONLY_EXTRAS = {"dev", "browser"}
+
+
+def test_setup_for_the_labs_installs_no_test_tools() -> None:
+    """`make lab` on a fresh machine: the labs' packages, no browser, Slurm or pytest."""
+    plan = setup_plan("lab")
+    assert set(apt_packages()) <= set(plan["apt"])
+    assert not TEST_ONLY_APT & set(plan["apt"]), plan["apt"]
+    assert pip_extras(plan) == {"lab", "spark"}
+
+
+def test_setup_for_the_tests_installs_everything() -> None:
+    plan = setup_plan("test")
+    assert set(setup_plan("lab")["apt"]) | TEST_ONLY_APT <= set(plan["apt"])
+    assert pip_extras(plan) >= {"spark"} | TEST_ONLY_EXTRAS  # dev includes lab
+
+
+def test_setup_rejects_an_unknown_target() -> None:
+    result = subprocess.run(
+        ["bash", str(SETUP_SH), "--for", "labs", "--plan"], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "lab or test" in result.stderr
+
+
+def make_prerequisites(target: str) -> list[str]:
+    match = re.search(rf"^{target}:([^\n=]*)$", MAKEFILE.read_text(), re.MULTILINE)
+    assert match, f"Makefile has no rule for {target}"
+    return match.group(1).split()
+
+
+def make_recipe(target: str) -> str:
+    parts = MAKEFILE.read_text().split(f"\n{target}:", 1)
+    assert len(parts) == 2, f"Makefile has no target {target}"
+    return parts[1].split("\n\n", 1)[0]
+
+
+def test_make_lab_sets_up_for_the_labs_and_make_test_for_the_tests() -> None:
+    assert "setup.sh --for lab" in make_recipe("setup-lab")
+    assert "setup.sh --for test" in make_recipe("setup")
+    for target in ("lab", "grade", "bench", "science"):
+        assert "setup-lab" in make_prerequisites(target), f"make {target}"
+    assert make_prerequisites("test") == ["setup"]
 
 
 def test_jupyterlab_settings_are_shipped() -> None:
