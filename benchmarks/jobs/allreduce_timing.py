@@ -13,9 +13,10 @@ import argparse
 import time
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 
-from lab_utils import collectives, dist, metrics
+from lab_utils import collectives, metrics
+from lab_utils import dist as labdist
 
 
 def parse_args() -> argparse.Namespace:
@@ -33,17 +34,17 @@ def parse_args() -> argparse.Namespace:
 
 def slowest_rank_seconds(fn) -> float:
     """Seconds one call of ``fn`` takes on the slowest rank (all start together)."""
-    tdist.barrier()
+    dist.barrier()
     start = time.perf_counter()
     fn()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    tdist.all_reduce(elapsed, op=tdist.ReduceOp.MAX)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
     return float(elapsed)
 
 
 def main() -> None:
     args = parse_args()
-    info = dist.init(backend="gloo")  # CPU tensors, also on a machine with GPUs
+    info = labdist.init(backend="gloo")  # CPU tensors, also on a machine with GPUs
     comm = collectives.TorchComm()
     for nbytes in args.sizes:
         numel = max(1, nbytes // 4)  # float32
@@ -57,7 +58,7 @@ def main() -> None:
 
         def library(x=x, buf=lib_buf):
             buf.copy_(x)  # all_reduce works in place; the ring copies too
-            tdist.all_reduce(buf)
+            dist.all_reduce(buf)
 
         first = {"ring": slowest_rank_seconds(ring), "gloo": slowest_rank_seconds(library)}
         repeats = args.repeats
@@ -69,7 +70,7 @@ def main() -> None:
             for name in order:
                 times[name].append(slowest_rank_seconds(ring if name == "ring" else library))
         err = (ring_out[0] - lib_buf).abs().max() / lib_buf.abs().max().clamp_min(1e-30)
-        tdist.all_reduce(err, op=tdist.ReduceOp.MAX)
+        dist.all_reduce(err, op=dist.ReduceOp.MAX)
         metrics.emit(
             {
                 "event": "allreduce",
@@ -80,7 +81,7 @@ def main() -> None:
                 "max_rel_err": float(err),
             }
         )
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

@@ -16,12 +16,13 @@ import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist, metrics, models, profile
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, profile
 
 
 def parse_args() -> argparse.Namespace:
     P = profile.current()
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = profile.script_parser(__doc__.splitlines()[0])
     p.add_argument("--arch", default="fmnist_cnn", choices=["fmnist_cnn", "resnet_cifar"])
     p.add_argument("--width", type=int, default=P.pick(quick=32, cpu=32, gpu=64))
     p.add_argument("--batch-size", type=int, default=P.pick(quick=32, cpu=64, gpu=256))
@@ -75,7 +76,7 @@ def make_model(args, device, bucket_cap_mb: float) -> tuple[DDP, CallCounter]:
 def run_steps(model: DDP, opt, batch, steps: int, accum: int) -> float:
     """Seconds per optimiser step of ``accum`` micro-batches (slowest rank)."""
     x, y = batch
-    dist.barrier()
+    labdist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
         for micro in range(accum):
@@ -88,12 +89,12 @@ def run_steps(model: DDP, opt, batch, steps: int, accum: int) -> float:
     if x.is_cuda:
         torch.cuda.synchronize()
     elapsed = torch.tensor(time.perf_counter() - start, dtype=torch.float64)
-    return float(dist.all_reduce_sum(elapsed) / dist.world_size()) / steps
+    return float(labdist.all_reduce_sum(elapsed) / labdist.world_size()) / steps
 
 
 def main() -> None:
     args = parse_args()
-    info = dist.init()
+    info = labdist.init()
     device = info.device
     shape = (1, 28, 28) if args.arch == "fmnist_cnn" else (3, 32, 32)
     x = torch.randn(args.batch_size, *shape, device=device)
@@ -116,7 +117,7 @@ def main() -> None:
                 "seconds_per_step": seconds,
             }
         )
-        dist.print0(
+        labdist.print0(
             f"bucket_cap_mb={cap:<6g} {counter.calls / args.steps:4.0f} all-reduces/step "
             f"{seconds * 1e3:7.1f} ms/step"
         )
@@ -136,11 +137,11 @@ def main() -> None:
                 "seconds_per_micro_batch": seconds / accum,
             }
         )
-        dist.print0(
+        labdist.print0(
             f"accum={accum}: {counter.calls / (steps * accum):.2f} all-reduces and "
             f"{seconds / accum * 1e3:.1f} ms per micro-batch"
         )
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

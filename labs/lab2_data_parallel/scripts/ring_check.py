@@ -10,9 +10,10 @@ import time
 from functools import partial
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 
-from lab_utils import collectives, dist, metrics
+from lab_utils import collectives, metrics
+from lab_utils import dist as labdist
 
 
 def parse_args() -> argparse.Namespace:
@@ -34,21 +35,21 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def check_group(n: int, group, comm) -> None:
-    """Ring vs dist.all_reduce on the first n ranks, for awkward lengths and two dtypes."""
-    for length in (1000 * n, 1000 * n + 1, n - 1, 1):
+def check_group(world_size: int, group, comm) -> None:
+    """Ring vs dist.all_reduce on the first world_size ranks, for awkward lengths and two dtypes."""
+    for length in (1000 * world_size, 1000 * world_size + 1, world_size - 1, 1):
         for dtype in (torch.float32, torch.int64):
             g = torch.Generator().manual_seed(17 * comm.rank + length)
             x = (torch.randn(length, generator=g) * 100).to(comm.device, dtype)
             ring = collectives.ring_all_reduce(x, comm)
             ref = x.clone()
-            tdist.all_reduce(ref, group=group)
+            dist.all_reduce(ref, group=group)
             err = (ring - ref).double().norm() / ref.double().norm().clamp_min(1e-30)
-            tdist.all_reduce(err, op=tdist.ReduceOp.MAX, group=group)  # worst rank
+            dist.all_reduce(err, op=dist.ReduceOp.MAX, group=group)  # worst rank
             metrics.emit(
                 {
                     "event": "ring_check",
-                    "world_size": n,
+                    "world_size": world_size,
                     "length": length,
                     "dtype": str(dtype).removeprefix("torch."),
                     "max_rel_err": float(err),
@@ -58,14 +59,14 @@ def check_group(n: int, group, comm) -> None:
 
 def time_one(fn, group) -> float:
     """Seconds for one call, as seen by the slowest rank of the group."""
-    tdist.barrier(group=group)
+    dist.barrier(group=group)
     start = time.perf_counter()
     fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    elapsed = elapsed.to(dist.info().device)  # NCCL reduces GPU tensors only
-    tdist.all_reduce(elapsed, op=tdist.ReduceOp.MAX, group=group)
+    elapsed = elapsed.to(labdist.info().device)  # NCCL reduces GPU tensors only
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return float(elapsed)
 
 
@@ -77,13 +78,13 @@ def bench(sizes, repeats: int, group, comm) -> None:
         for _ in range(2):
             collectives.ring_all_reduce(x, comm)
             collectives.server_all_reduce(x, comm)
-            tdist.all_reduce(x.clone(), group=group)
+            dist.all_reduce(x.clone(), group=group)
     for numel in sizes:
         x = torch.randn(numel, device=comm.device)
         algos = {
             "ring (ours)": partial(collectives.ring_all_reduce, x, comm),
             "server (ours)": partial(collectives.server_all_reduce, x, comm),
-            "dist.all_reduce": partial(tdist.all_reduce, x.clone(), group=group),
+            "dist.all_reduce": partial(dist.all_reduce, x.clone(), group=group),
         }
         for name, fn in algos.items():
             time_one(fn, group)  # warm-up: connections, allocations
@@ -124,23 +125,23 @@ def traffic(numel: int, group, comm) -> None:
 
 def main() -> None:
     args = parse_args()
-    info = dist.init()
+    info = labdist.init()
     if info.world_size < 2:
         raise SystemExit("run me with at least 2 processes (torchrun --nproc-per-node 2 ...)")
     # Every rank takes part in creating every group, members or not.
-    groups = {n: tdist.new_group(list(range(n))) for n in range(2, info.world_size + 1)}
-    for n, group in groups.items():
-        if info.rank < n:
-            check_group(n, group, collectives.TorchComm(group))
-    dist.print0(f"ring all-reduce checked on groups of 2..{info.world_size} ranks")
+    groups = {size: dist.new_group(list(range(size))) for size in range(2, info.world_size + 1)}
+    for size, group in groups.items():
+        if info.rank < size:
+            check_group(size, group, collectives.TorchComm(group))
+    labdist.print0(f"ring all-reduce checked on groups of 2..{info.world_size} ranks")
     n_bench = min(args.bench_ranks, info.world_size)
     if info.rank < n_bench:
         bench(args.sizes, args.repeats, groups[n_bench], collectives.TorchComm(groups[n_bench]))
-    dist.barrier()
-    dist.print0(f"timed {len(args.sizes)} sizes on {n_bench} ranks")
-    world = groups[info.world_size]
-    traffic(max(args.sizes), world, collectives.TorchComm(world))
-    dist.shutdown()
+    labdist.barrier()
+    labdist.print0(f"timed {len(args.sizes)} sizes on {n_bench} ranks")
+    everyone = groups[info.world_size]
+    traffic(max(args.sizes), everyone, collectives.TorchComm(everyone))
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist
+from lab_utils import dist as labdist
 from lab_utils.loader import TensorLoader
 
 
@@ -31,10 +31,11 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    info = dist.init()
-    n = info.world_size * args.batches * args.batch_size + 1  # one sample too many
+    info = labdist.init()
+    n_samples = info.world_size * args.batches * args.batch_size + 1  # one too many
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(n, 20, generator=g), torch.randint(0, 10, (n,), generator=g)
+    x = torch.randn(n_samples, 20, generator=g)
+    y = torch.randint(0, 10, (n_samples,), generator=g)
     loader = TensorLoader(
         x,
         y,
@@ -57,9 +58,9 @@ def main() -> None:
             opt.zero_grad(set_to_none=True)
             steps += 1
     print(f"rank {info.rank}: done after {steps} steps", flush=True)
-    dist.barrier()  # the rank with fewer batches waits here for the others
-    dist.print0("all ranks finished")
-    dist.shutdown()
+    labdist.barrier()  # the rank with fewer batches waits here for the others
+    labdist.print0("all ranks finished")
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

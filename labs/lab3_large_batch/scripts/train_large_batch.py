@@ -16,14 +16,15 @@ import argparse
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import data, dist, metrics, models, optim, profile
+from lab_utils import data, metrics, models, optim, profile
+from lab_utils import dist as labdist
 from lab_utils.loader import TensorLoader
 from lab_utils.train import Trainer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     P = profile.current()
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = profile.script_parser(__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=P.pick(quick=2, cpu=4, gpu=8))
     p.add_argument("--batch-per-worker", type=int, default=P.pick(quick=64, cpu=256, gpu=512))
     p.add_argument(
@@ -71,7 +72,7 @@ def make_optimizer(name: str, model: torch.nn.Module, lr: float) -> torch.optim.
 def main(argv: list[str] | None = None) -> dict:
     """Train, print and emit the summary (rank 0), and return it."""
     args = parse_args(argv)
-    info = dist.init()
+    info = labdist.init()
     device = info.device
     ds = data.load("fashion-mnist").subset(args.n_train or None, args.n_test or None)
     train = TensorLoader.from_dataset(
@@ -116,12 +117,12 @@ def main(argv: list[str] | None = None) -> dict:
     }
     metrics.emit(summary)
     workers = f"{info.world_size} worker{'s' if info.world_size > 1 else ''}"
-    dist.print0(
+    labdist.print0(
         f"{workers} × batch {args.batch_per_worker} = {global_batch}, "
         f"{args.optimizer} lr {lr:g}: {trainer.step} updates, "
         f"test accuracy {summary['test_acc']:.2%}"
     )
-    dist.shutdown()
+    labdist.shutdown()
     return summary
 
 

@@ -21,7 +21,7 @@ import statistics
 import time
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -34,7 +34,8 @@ from torch.distributed.tensor.parallel import (
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lab_utils import dist, memory, metrics, models, parallel, profile
+from lab_utils import dist as labdist
+from lab_utils import memory, metrics, models, parallel, profile
 from lab_utils import ring_attention as ring
 from lab_utils.solutions import lab4 as reference
 
@@ -195,13 +196,13 @@ def sequence_parallel_part(
 
 def _gather_seq(t: torch.Tensor, world: int) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(world)]
-    tdist.all_gather(parts, t.contiguous())
+    dist.all_gather(parts, t.contiguous())
     return torch.cat(parts, dim=1)
 
 
 def _all(value: int, world: int) -> list[int]:
     out = [None] * world
-    tdist.all_gather_object(out, int(value))
+    dist.all_gather_object(out, int(value))
     return out
 
 
@@ -281,7 +282,7 @@ def one_process_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
 
 def _gather_seq2(t: torch.Tensor, world: int) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(world)]
-    tdist.all_gather(parts, t.contiguous())
+    dist.all_gather(parts, t.contiguous())
     return torch.cat(parts, dim=2)
 
 
@@ -292,11 +293,11 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
     one_s, ring_s = [], []
     for r in range(args.repeats):
         for kind in ("one", "ring") if r % 2 == 0 else ("ring", "one"):
-            tdist.barrier()
+            dist.barrier()
             start = time.perf_counter()
             if kind == "ring":
                 ring_step(q, k, v, w, rank, world)
-                tdist.barrier()
+                dist.barrier()
                 ring_s.append(time.perf_counter() - start)
             else:
                 if rank == 0:
@@ -322,7 +323,7 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
 
 def _all_floats(values: list[float], world: int) -> list[list[float]]:
     out = [None] * world
-    tdist.all_gather_object(out, values)
+    dist.all_gather_object(out, values)
     return out
 
 
@@ -363,7 +364,7 @@ def torch_context_parallel(
 
 def main() -> None:
     args = parse_args()
-    world = dist.detect().world_size
+    world = labdist.detect().world_size
     parallel.require(
         world >= 2, "context parallelism needs at least 2 processes (torchrun --nproc-per-node 2)"
     )
@@ -377,10 +378,10 @@ def main() -> None:
         f"--heads {args.heads} must be a multiple of the {world} processes and divide "
         f"--d-model {args.d_model}",
     )
-    info = dist.init()
+    info = labdist.init()
     sequence_parallel_part(args, info.rank, world, info.device)
     context_parallel_part(args, info.rank, world, info.device)
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

@@ -14,9 +14,10 @@ E · capacity · d, reports tokens per expert and dropped tokens, and saves the 
 import argparse
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 
-from lab_utils import dist, memory, metrics, models, moe, parallel, profile, text
+from lab_utils import dist as labdist
+from lab_utils import memory, metrics, models, moe, parallel, profile, text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,7 +71,7 @@ def average_gradients(model: torch.nn.Module, n: int) -> None:
         if p.grad is None:
             continue
         if not moe.is_expert_param(name):
-            tdist.all_reduce(p.grad)
+            dist.all_reduce(p.grad)
         p.grad /= n
 
 
@@ -88,20 +89,20 @@ def summed(values: list, n: int) -> list:
     """Element-wise sum over the ranks of a nested list of counts."""
     t = torch.tensor(values, dtype=torch.long)
     if n > 1:
-        tdist.all_reduce(t)
+        dist.all_reduce(t)
     return t.tolist()
 
 
 def main() -> None:
     args = parse_args()
-    n = dist.detect().world_size
+    n = labdist.detect().world_size
     parallel.require(
         args.experts % n == 0,
         f"--experts {args.experts} cannot be spread over {n} "
         f"processes: use a multiple of {n} experts, or a process count that divides {args.experts}",
     )
     parallel.require_batch_split(args.batch_size)
-    info = dist.init(group_if_alone=True)
+    info = labdist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
     batches = [
@@ -129,7 +130,7 @@ def main() -> None:
             }
             comm = list(seen)
         opt.step()
-        dist.print0(f"step {step}: loss {loss.item():.3f}")
+        labdist.print0(f"step {step}: loss {loss.item():.3f}")
     last = stats(model)
     outputs = parallel.gather_on_rank0({f"logits.{rank}": first["logits"]})
     grads = parallel.gather_on_rank0(
@@ -159,7 +160,7 @@ def main() -> None:
             first["stats"]["capacity"],
             device,
         )
-    dist.shutdown()
+    labdist.shutdown()
 
 
 def report(args, n, owned, outputs, grads, weights, counts, comm, batches, cap, device) -> None:

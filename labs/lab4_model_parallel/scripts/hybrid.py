@@ -23,7 +23,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import parallelize_module
 
-from lab_utils import dist, memory, metrics, models, parallel, profile, traffic
+from lab_utils import dist as labdist
+from lab_utils import memory, metrics, models, parallel, profile, traffic
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # no in-place ops on outputs
 warnings.filterwarnings("ignore", message="Full backward hook is firing")  # stage 0 takes ids
@@ -42,7 +43,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    world = dist.detect().world_size
+    world = labdist.detect().world_size
     parallel.require(
         args.tp >= 1 and world % args.tp == 0,
         f"--tp {args.tp} does not divide the process count {world}: a (data × tensor) "
@@ -56,7 +57,7 @@ def main() -> None:
         args.batch_size % dp == 0,
         f"--batch-size {args.batch_size} does not split over {dp} data-parallel groups",
     )
-    info = dist.init()
+    info = labdist.init()
     rank, device = info.rank, info.device
     mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
@@ -90,14 +91,14 @@ def main() -> None:
             opt.step()
         seconds.append(time.perf_counter() - start)
         comm = dict(seen)
-        dist.print0(f"step {step}: loss {loss.item():.3f}")
+        labdist.print0(f"step {step}: loss {loss.item():.3f}")
     counts = {str(k).split(".")[-1]: v for k, v in debug.get_comm_counts().items()}
     per_rank = memory.state_bytes(model, opt)
     state = {
         k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
         for k, v in model.state_dict().items()
     }
-    step_s = dist.average(min(seconds[1:] or seconds))  # step 0 ran under CommDebugMode
+    step_s = labdist.average(min(seconds[1:] or seconds))  # step 0 ran under CommDebugMode
     if rank == 0:
         ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
         one_s = []
@@ -138,7 +139,7 @@ def main() -> None:
             plain.load_state_dict(state)
             models.save(args.checkpoint, plain, steps=args.steps, dp=dp, tp=args.tp)
             print(f"saved {args.checkpoint}", flush=True)
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

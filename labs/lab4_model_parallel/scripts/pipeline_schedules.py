@@ -17,7 +17,7 @@ import copy
 import time
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -29,7 +29,8 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
-from lab_utils import dist, metrics, models, parallel, profile, timeline
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, parallel, profile, timeline
 
 # name: (schedule class, stages per rank (None: --virtual), V-shaped placement)
 SCHEDULES = {
@@ -152,13 +153,13 @@ def make_runner(
     try:
         return Runner(name, model, rank, p, m, args, device)
     except ValueError as exc:
-        dist.print0(f"{name} m={m}: skipped, {exc}")
+        labdist.print0(f"{name} m={m}: skipped, {exc}")
         return None
 
 
 def main() -> None:
     args = parse_args()
-    p = dist.detect().world_size
+    p = labdist.detect().world_size
     parallel.require(p >= 2, "a pipeline needs at least 2 processes (torchrun --nproc-per-node 2)")
     most = max(p * virtual_stages(n, args) for n in args.schedules)
     parallel.require(
@@ -173,7 +174,7 @@ def main() -> None:
         f"the {p} processes and divide --batch-size {args.batch_size}",
     )
     parallel.require(args.repeats >= 1, "--repeats must be at least 1")
-    info = dist.init()
+    info = labdist.init()
     rank, device = info.rank, info.device
 
     model = parallel.build_model(args).to(device)
@@ -206,21 +207,21 @@ def main() -> None:
                 report(r, p, samples[r.name], parallel.relative_error(grads, ref_grads))
 
     train(args, model, rank, p, device, data)
-    dist.shutdown()
+    labdist.shutdown()
 
 
 def timed_step(r: Runner, x: torch.Tensor, y: torch.Tensor, p: int) -> tuple[float, list[dict]]:
     """One step of a schedule on all ranks: its wall-clock seconds (mean over ranks) and
     every rank's blocks."""
     r.timer.reset()
-    tdist.barrier()
+    dist.barrier()
     start = time.perf_counter()
     r.step(x, y)
     step_s = time.perf_counter() - start
     events = [e.as_dict() for e in r.timer.events]
     gathered = [None] * p
-    tdist.all_gather_object(gathered, events)
-    return dist.average(step_s), [e for ev in gathered for e in ev]
+    dist.all_gather_object(gathered, events)
+    return labdist.average(step_s), [e for ev in gathered for e in ev]
 
 
 def report(r: Runner, p: int, samples: list[tuple[float, list[dict]]], grad_err: float) -> None:

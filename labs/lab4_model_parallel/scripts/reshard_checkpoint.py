@@ -27,7 +27,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
-from lab_utils import dist, metrics, models, parallel, profile
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, parallel, profile
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # no in-place ops on outputs
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -80,7 +81,7 @@ def train(model, opt, args: argparse.Namespace, rank: int, n: int, device: torch
         loss = parallel.lm_loss(model(x[mine]), y[mine])
         loss.backward()
         opt.step()
-        dist.print0(f"step {step}: loss {loss.item():.3f}")
+        labdist.print0(f"step {step}: loss {loss.item():.3f}")
 
 
 def flat(state: dict, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -160,9 +161,9 @@ def load(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
 def main() -> None:
     args = parse_args()
     n = parallel.require_batch_split(args.batch_size)
-    info = dist.init(group_if_alone=True)
+    info = labdist.init(group_if_alone=True)
     (save if args.save else load)(args, info.rank, n, info.device)
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

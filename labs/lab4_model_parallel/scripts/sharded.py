@@ -14,13 +14,14 @@ import time
 import warnings
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist, memory, metrics, models, parallel, profile, traffic
+from lab_utils import dist as labdist
+from lab_utils import memory, metrics, models, parallel, profile, traffic
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
 # The model's outputs are views; nothing here modifies them in place, which is what FSDP2 warns about.
@@ -70,7 +71,7 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def main() -> None:
     args = parse_args()
     n = parallel.require_batch_split(args.batch_size)
-    info = dist.init(group_if_alone=True)
+    info = labdist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
     batches = [
@@ -110,9 +111,9 @@ def main() -> None:
         per_rank = memory.state_bytes(model, opt)
         per_rank["peak_cuda"] = memory.peak_cuda_bytes(device) or 0
         ranks = [None] * n
-        tdist.all_gather_object(ranks, per_rank) if n > 1 else ranks.__setitem__(0, per_rank)
+        dist.all_gather_object(ranks, per_rank) if n > 1 else ranks.__setitem__(0, per_rank)
         state = full_state(model)
-        step_s = dist.average(min(seconds)) if n > 1 else min(seconds)
+        step_s = labdist.average(min(seconds)) if n > 1 else min(seconds)
         if rank == 0:
             err = parallel.relative_error(
                 state, {k: v.cpu() for k, v in reference.state_dict().items()}
@@ -141,7 +142,7 @@ def main() -> None:
                 models.save(args.checkpoint, plain, steps=args.steps, strategy=strategy, procs=n)
                 print(f"saved {args.checkpoint}", flush=True)
         del model, opt
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

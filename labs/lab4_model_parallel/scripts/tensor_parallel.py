@@ -19,7 +19,7 @@ import time
 import warnings
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.debug import CommDebugMode
@@ -31,7 +31,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 
-from lab_utils import dist, metrics, models, parallel, profile
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, parallel, profile
 
 # CommDebugMode's module tracker hooks the embedding, whose input (character ids) needs no gradient.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -50,7 +51,7 @@ class CopyToRanks(torch.autograd.Function):
     def backward(ctx, grad):
         grad = grad.contiguous()
         SENT["backward"] += grad.numel() * grad.element_size()
-        tdist.all_reduce(grad)
+        dist.all_reduce(grad)
         return grad
 
 
@@ -61,7 +62,7 @@ class SumOverRanks(torch.autograd.Function):
     def forward(ctx, partial):
         partial = partial.contiguous()
         SENT["forward"] += partial.numel() * partial.element_size()
-        tdist.all_reduce(partial)
+        dist.all_reduce(partial)
         return partial
 
     @staticmethod
@@ -124,13 +125,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    n = dist.detect().world_size
+    n = labdist.detect().world_size
     parallel.require(
         args.heads % n == 0,
         f"{n} processes cannot split {args.heads} attention heads "
         f"evenly: use a process count that divides --heads {args.heads}",
     )
-    info = dist.init(group_if_alone=True)
+    info = labdist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)
     x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step=0, seed=args.seed))
@@ -152,7 +153,7 @@ def main() -> None:
     if n > 1:  # each rank has the gradient of its slice only: add the slices up
         for g in grads_hand.values():
             if g is not grads_hand["x"] and g is not grads_hand["fc2.bias"]:
-                tdist.all_reduce(g)
+                dist.all_reduce(g)
     err_hand = max(
         parallel.relative_error({"out": out_hand}, {"out": out_ref}),
         parallel.relative_error(grads_hand, grads_ref),
@@ -184,7 +185,7 @@ def main() -> None:
             "activation_bytes": act_bytes,
         }
     )
-    dist.print0(
+    labdist.print0(
         f"MLP block on {n} ranks: by hand error {err_hand:.1e}, parallelize_module "
         f"error {err_lib:.1e}; all-reduced by hand {SENT}; DTensor collectives {counts}"
     )
@@ -210,10 +211,10 @@ def main() -> None:
             loss.backward()
             opt.step()
         tp_s.append(time.perf_counter() - start)
-        dist.print0(f"step {step}: loss {loss.item():.3f}")
+        labdist.print0(f"step {step}: loss {loss.item():.3f}")
     state = {k: full(v) for k, v in tp.state_dict().items()}  # every rank joins the gathers
     bare = tp_s[1:] or tp_s  # step 0 ran under CommDebugMode
-    step_s = dist.average(min(bare)) if n > 1 else min(bare)
+    step_s = labdist.average(min(bare)) if n > 1 else min(bare)
     if rank == 0:
         ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
         one_s = []
@@ -253,7 +254,7 @@ def main() -> None:
             plain.load_state_dict(state)
             models.save(args.checkpoint, plain, steps=args.steps, tensor_parallel=n)
             print(f"saved {args.checkpoint}", flush=True)
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

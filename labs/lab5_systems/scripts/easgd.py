@@ -28,10 +28,11 @@ import argparse
 import os
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from lab_utils import dist, metrics, models, profile, tensordata
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, profile, tensordata
 
 METHODS = ("easgd", "easgd-rr", "sgd")
 
@@ -76,12 +77,12 @@ def communicate(
     """One round of communication; returns this worker's new x and the new centre."""
     if method == "sgd":
         total = x.clone()
-        tdist.all_reduce(total)  # sum of the workers' weights
+        dist.all_reduce(total)  # sum of the workers' weights
         avg = total / n
         return avg, avg.clone()
     if method == "easgd":
         total = x.clone()
-        tdist.all_reduce(total)
+        dist.all_reduce(total)
         diff = x - center
         # x~ + alpha * sum_i (x_i - x~) = x~ + alpha * (sum_i x_i - N x~)
         new_center = center + alpha * (total - n * center)
@@ -89,13 +90,17 @@ def communicate(
     # easgd-rr: worker k = rnd mod N alone meets the centre this round
     k = rnd % n
     xk = x.clone()
-    tdist.broadcast(xk, src=k)
+    dist.broadcast(xk, src=k)
     diff = xk - center
     return (x - alpha * diff if rank == k else x), center + alpha * diff
 
 
 def run(
-    method: str, tau: int, args: argparse.Namespace, data: tensordata.Tensors, info: dist.DistInfo
+    method: str,
+    tau: int,
+    args: argparse.Namespace,
+    data: tensordata.Tensors,
+    info: labdist.DistInfo,
 ) -> tuple[float, torch.nn.Module]:
     """One training run; returns the last test accuracy and a model holding the centre."""
     n, rank, dev = info.world_size, info.rank, info.device
@@ -150,19 +155,19 @@ def main(argv: list[str] | None = None) -> None:
     # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = torch.cuda.is_available() and local > torch.cuda.device_count()
-    info = dist.init(backend="gloo" if share else None, group_if_alone=True)
+    info = labdist.init(backend="gloo" if share else None, group_if_alone=True)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     for method in args.methods:
         for tau in args.taus:
             acc, centre = run(method, tau, args, data, info)
-            dist.print0(
+            labdist.print0(
                 f"{method:>8} tau={tau:<3} {args.steps // tau:>4} rounds: centre test "
                 f"accuracy {acc:.3f}",
                 flush=True,
             )
     if args.save and info.rank == 0:
         models.save(args.save, centre, method=method, tau=tau)
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

@@ -33,11 +33,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist, metrics, models, paths, profile, tensordata
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, paths, profile, tensordata
 
 AUTO = "auto"
 
@@ -76,7 +77,7 @@ def require_torchrun() -> None:
     """Stop unless torchrun's agent started this process: only the agent restarts the
     ranks after a failure. Under mpirun (or plain python) every process would be a job of
     its own, writing the same checkpoint, and nothing would ever restart."""
-    launcher = dist.detect().launcher
+    launcher = labdist.detect().launcher
     if launcher != "torchrun" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
         raise SystemExit(
             f"elastic_train.py needs torchrun's agent, which restarts the job after a failure; "
@@ -142,7 +143,7 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
         torch.use_deterministic_algorithms(True)
     if world == 1:
         return 0, 1, device
-    store = tdist.TCPStore(
+    store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world,
@@ -152,9 +153,9 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
     # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     nccl = device.type == "cuda" and local <= torch.cuda.device_count()
-    tdist.init_process_group(
+    dist.init_process_group(
         "nccl" if nccl else "gloo",
-        store=tdist.PrefixStore(f"attempt{attempt}", store),
+        store=dist.PrefixStore(f"attempt{attempt}", store),
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=60),
@@ -245,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     if main_rank:
         print(f"done: {step} steps, test accuracy {acc:.3f}, attempt {attempt}", flush=True)
     if world > 1:
-        tdist.barrier()  # (Gloo on torch 2.13 may abort at exit without it)
-        tdist.destroy_process_group()
+        dist.barrier()  # (Gloo on torch 2.13 may abort at exit without it)
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,8 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
-from lab_utils import dist, metrics, models, profile, tensordata
+from lab_utils import dist as labdist
+from lab_utils import metrics, models, profile, tensordata
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -419,7 +420,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     # RPC's agent holds a Gloo group and threads: the rank must end as every rank that joined
     # a group does, without finalizing the interpreter under them (sys.exit keeps the status)
-    dist.leave_at_exit()
+    labdist.leave_at_exit()
     rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)
     try:
         if rank >= args.shards:

@@ -20,10 +20,11 @@ import time
 
 import numpy as np
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist, metrics, parallel, profile
+from lab_utils import dist as labdist
+from lab_utils import metrics, parallel, profile
 
 # Notebook 5's exercise: the buckets DDP fills, last parameter first (its reference solution)
 from lab_utils.solutions.lab6 import make_buckets
@@ -47,15 +48,15 @@ class HandDDP:
         self, model: torch.nn.Module, bucket_bytes: int, *, overlap: bool = True, bug: str = "none"
     ) -> None:
         self.model, self.overlap, self.bug = model, overlap, bug
-        self.n = tdist.get_world_size()
+        self.n = dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:  # [1] everybody starts from rank 0's weights
-            tdist.broadcast(p.data, src=0)
+            dist.broadcast(p.data, src=0)
         sizes = [p.numel() * p.element_size() for p in self.params]
         self.buckets = [[self.params[i] for i in b] for b in make_buckets(sizes, bucket_bytes)]
         self.bucket_of = {id(p): k for k, b in enumerate(self.buckets) for p in b}
         self.ready = [0] * len(self.buckets)
-        self.pending: list[tuple[tdist.Work, torch.Tensor, int]] = []
+        self.pending: list[tuple[dist.Work, torch.Tensor, int]] = []
         for p in self.params:  # [2]
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
@@ -69,7 +70,7 @@ class HandDDP:
     def _launch(self, k: int) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[k]]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self.pending.append((tdist.all_reduce(flat, async_op=True), flat, k))
+        self.pending.append((dist.all_reduce(flat, async_op=True), flat, k))
 
     def finish(self) -> None:
         """[3] Wait for every bucket, average, write the gradients back."""
@@ -122,7 +123,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def my_batch(args: argparse.Namespace, data, step: int, device: torch.device):
     """This rank's share of the global batch of ``step``."""
-    rank, n = tdist.get_rank(), tdist.get_world_size()
+    rank, n = dist.get_rank(), dist.get_world_size()
     x, y = data.batch(args.batch_size, args.seq_len, step, args.seed)
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
     return x[mine].to(device), y[mine].to(device)
@@ -136,11 +137,11 @@ def equivalence(args: argparse.Namespace, bug: str, data, device: torch.device) 
     """Train HandDDP and DDP side by side; the largest relative difference of the
     averaged gradients over the steps, and of the weights at the end."""
     torch.manual_seed(
-        args.seed + 1 + tdist.get_rank()
+        args.seed + 1 + dist.get_rank()
     )  # different starts: the broadcast must fix them
     mine = parallel.build_model(args).to(device)
     for q in mine.parameters():  # a model that differs on every rank before [1]
-        q.data.add_(torch.randn_like(q), alpha=0.01 * tdist.get_rank())
+        q.data.add_(torch.randn_like(q), alpha=0.01 * dist.get_rank())
     hand = HandDDP(mine, int(args.bucket_kb[0] * 1024), bug=bug)
     ref = DDP(
         parallel.build_model(args).to(device),
@@ -226,7 +227,7 @@ def interleaved_times(
     for r in range(args.repeats):
         x, y = my_batch(args, data, r + 1, device)
         for v in variants if r % 2 == 0 else variants[::-1]:
-            tdist.barrier()  # every rank starts the variant together
+            dist.barrier()  # every rank starts the variant together
             v.step(x, y)
 
 
@@ -235,13 +236,13 @@ def allreduce_times(device: torch.device, sizes: list[int], repeats: int) -> lis
     out = []
     for nbytes in sizes:
         t = torch.ones(max(1, nbytes // 4), device=device)
-        tdist.all_reduce(t)  # warm-up
+        dist.all_reduce(t)  # warm-up
         times = []
         for _ in range(repeats):
-            tdist.barrier()
+            dist.barrier()
             sync(device)
             start = time.perf_counter()
-            tdist.all_reduce(t)
+            dist.all_reduce(t)
             sync(device)
             times.append(time.perf_counter() - start)
         out.append(statistics.median(times))
@@ -271,19 +272,19 @@ def replay_exposed(bucket_bytes: list[int], backward_s: float, alpha: float, bet
 def main() -> None:
     args = parse_args()
     n = parallel.require_batch_split(args.batch_size)
-    info = dist.init(group_if_alone=True)
+    info = labdist.init(group_if_alone=True)
     device = info.device
     data = parallel.corpus(args)
 
     for bug in args.bugs:
         eq = equivalence(args, bug, data, device)
         metrics.emit({**eq, "procs": n})
-        dist.print0(
+        labdist.print0(
             f"HandDDP (bug={bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
             f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}"
         )
     if args.no_timing:
-        dist.shutdown()
+        labdist.shutdown()
         return
 
     # -- 2. naive vs overlapped vs DDP, same bucket size, interleaved
@@ -331,11 +332,11 @@ def main() -> None:
     }
     metrics.emit(result)
     med = {v.name: statistics.median(v.seconds) * 1e3 for v in side}
-    dist.print0("median step (ms): " + ", ".join(f"{k} {t:.1f}" for k, t in med.items()))
-    dist.print0(
+    labdist.print0("median step (ms): " + ", ".join(f"{k} {t:.1f}" for k, t in med.items()))
+    labdist.print0(
         f"all-reduce fit: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s"
     )
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
@@ -29,7 +29,8 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from lab_utils import dist, metrics, parallel, profile, traffic
+from lab_utils import dist as labdist
+from lab_utils import metrics, parallel, profile, traffic
 
 # Lab 4's scripts: the DDP / ZeRO-1 / FSDP wrapping and the Megatron plan, reused as they are.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab4_model_parallel" / "scripts"))
@@ -88,13 +89,13 @@ def sends() -> Counter:
     wrapped = {name: counting(name) for name in originals}
     for name, fn in wrapped.items():  # P2POp and batch_isend_irecv compare ops with c10d's own
         setattr(c10d, name, fn)
-        setattr(tdist, name, fn)
+        setattr(dist, name, fn)
     try:
         yield sent
     finally:
         for name, fn in originals.items():
             setattr(c10d, name, fn)
-            setattr(tdist, name, fn)
+            setattr(dist, name, fn)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -108,7 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device) -> dict:
     """DDP, ZeRO-1 or FSDP (Lab 4's wrap): each rank its share of the batch."""
-    rank, n = tdist.get_rank(), tdist.get_world_size()
+    rank, n = dist.get_rank(), dist.get_world_size()
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
     model, opt = wrap(strategy, parallel.build_model(args).to(device), args, device)
     counted: dict = {}
@@ -124,12 +125,12 @@ def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device)
 
 def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:
     """Megatron's plan (Lab 4): every rank the whole batch, half of each block."""
-    mesh = init_device_mesh(device.type, (tdist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     tp = parallelize_module(parallel.build_model(args).to(device), mesh, tp_plan(args.layers))
     opt = torch.optim.Adam(tp.parameters(), lr=args.lr, foreach=False)
     out: dict = {}
     for i, (x, y) in enumerate(batches):
-        with CommDebugMode() as debug, FunctionalBytes(tdist.get_world_size()) as seen:
+        with CommDebugMode() as debug, FunctionalBytes(dist.get_world_size()) as seen:
             opt.zero_grad()
             parallel.lm_loss(tp(x), y).backward()
             opt.step()
@@ -144,7 +145,7 @@ def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:
 
 def pipeline_step(args: argparse.Namespace, batches, device) -> dict:
     """One stage per rank (contiguous layers), GPipe with --microbatches micro-batches."""
-    rank, p = tdist.get_rank(), tdist.get_world_size()
+    rank, p = dist.get_rank(), dist.get_world_size()
     model = parallel.build_model(args).to(device)
     stage_module = torch.nn.Sequential(*[model.layers[i] for i in model.stage_layers(rank, p)])
     stage = PipelineStage(stage_module, rank, p, device)
@@ -164,13 +165,13 @@ def pipeline_step(args: argparse.Namespace, batches, device) -> dict:
         if i == len(batches) - 1:  # the first step also inferred the shapes
             sent = seen
     per_rank = [None] * p
-    tdist.all_gather_object(per_rank, sent["p2p"])
+    dist.all_gather_object(per_rank, sent["p2p"])
     return {"bytes": {"p2p": sum(per_rank)}, "calls": {}, "p2p_per_rank": per_rank}
 
 
 def main() -> None:
     args = parse_args()
-    n = dist.detect().world_size
+    n = labdist.detect().world_size
     parallel.require(n >= 2, "run on at least 2 processes: alone nothing is communicated")
     parallel.require(
         args.batch_size % n == 0 and args.batch_size % args.microbatches == 0,
@@ -178,7 +179,7 @@ def main() -> None:
         f"--microbatches {args.microbatches}",
     )
     parallel.require(args.heads % n == 0, f"{n} processes cannot split {args.heads} heads evenly")
-    info = dist.init()
+    info = labdist.init()
     device = info.device
     data = parallel.corpus(args)
     batches = [
@@ -205,9 +206,9 @@ def main() -> None:
         else:
             counted = data_parallel_step(strategy, args, batches, device)
         metrics.emit({"event": "counted", "strategy": strategy, **counted})
-        dist.print0(f"{strategy:5s}: one step handed {counted['bytes']} bytes to communication")
-        tdist.barrier()
-    dist.shutdown()
+        labdist.print0(f"{strategy:5s}: one step handed {counted['bytes']} bytes to communication")
+        dist.barrier()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":

@@ -18,11 +18,12 @@ from pathlib import Path
 os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # no log line at each start and stop of a recording
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from lab_utils import dist, metrics, parallel, paths
+from lab_utils import dist as labdist
+from lab_utils import metrics, parallel, paths
 from lab_utils import profile as lab_profile
 
 # One recording cycle per run: that its events are cleared at the cycle's end is what we want.
@@ -67,7 +68,7 @@ def profiled_run(
     )
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     data = parallel.corpus(args)
-    rank, n = tdist.get_rank(), tdist.get_world_size()
+    rank, n = dist.get_rank(), dist.get_world_size()
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
     steps = args.warmup + args.active
     path = out / f"ddp_b{cap:g}_rank{rank}.json"
@@ -90,14 +91,14 @@ def profiled_run(
 def main() -> None:
     args = parse_args()
     n = parallel.require_batch_split(args.batch_size)
-    info = dist.init(group_if_alone=True)
+    info = labdist.init(group_if_alone=True)
     out = Path(args.out) if args.out else paths.runs_dir("lab6") / "traces"
     out.mkdir(parents=True, exist_ok=True)
     psi = None
     for cap in args.bucket_cap_mb:
         path, buckets = profiled_run(args, cap, info.device, out)
         psi = psi or sum(q.numel() for q in parallel.build_model(args).parameters())
-        tdist.barrier()
+        dist.barrier()
         metrics.emit(
             {
                 "event": "trace",
@@ -109,11 +110,11 @@ def main() -> None:
                 "paths": [str(out / f"ddp_b{cap:g}_rank{r}.json") for r in range(n)],
             }
         )
-        dist.print0(
+        labdist.print0(
             f"bucket_cap_mb {cap:g}: {buckets} buckets; traces "
             f"{path.name.replace('rank0', 'rank*')} in {out}"
         )
-    dist.shutdown()
+    labdist.shutdown()
 
 
 if __name__ == "__main__":
