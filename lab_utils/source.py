@@ -80,11 +80,15 @@ def code_markdown(code: str, title: str, language: str = "python") -> str:
     return f"`{title}`\n\n{fence}{language}\n{code}{fence}\n"
 
 
-def show_source(path: str | Path, function: str | None = None) -> str:
-    """Show the file ``path`` (or its function or class ``function``; ``"Class.method"``
-    for a method) as highlighted code in a notebook, plain text elsewhere; return it."""
+def show_source(path: str | Path | ModuleType, function: str | None = None) -> str:
+    """Show the file ``path`` or the module's file (or its function or class ``function``;
+    ``"Class.method"`` for a method) as highlighted code in a notebook, plain text
+    elsewhere; return it."""
+    name = path.__name__ if isinstance(path, ModuleType) else str(path)
+    if isinstance(path, ModuleType):
+        path = path.__file__
     code, first, last = source_of(path, function)
-    title = f"{path}" + (f" · {function}" if function else "") + f" (lines {first}–{last})"
+    title = name + (f" · {function}" if function else "") + f" (lines {first}–{last})"
     language = LANGUAGES.get(Path(path).suffix, "")
     render(code_markdown(code, title, language), f"# {title}\n{code}", markdown=True)
     return code

@@ -108,3 +108,9 @@ def test_show_diff_renders_through_the_same_helper(
 def test_load_script_calls_a_function(script: Path) -> None:
     module = source.load_script(script)
     assert module.helper(1) == 2
+
+
+def test_a_module_is_shown_from_its_file(capsys: pytest.CaptureFixture[str]) -> None:
+    shown = source.show_source(source, "load_script")
+    assert shown.startswith("def load_script(") and "spec_from_file_location" in shown
+    assert capsys.readouterr().out.startswith("# lab_utils.source · load_script (lines ")
