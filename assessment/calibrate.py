@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from . import grade as grade_mod
-from . import targets as targets_mod
+from . import options
 from .report import EXIT_ERROR, EXIT_FAIL, EXIT_PASS, Report
 from .targets import Target
 
@@ -202,22 +202,16 @@ def target_toml(base: Target, p: Proposal, launcher: str, nprocs: int) -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lab-grade calibrate", description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--target",
-        "--profile",
-        dest="target",
-        default=None,
-        help="target to start from: name or .toml path (default: by hardware)",
-    )
+    """The options of ``lab-grade calibrate``."""
+    p = options.GraderParser(prog="lab-grade calibrate", description=__doc__.split("\n\n")[0])
+    options.add_target(p, "target to start from")
     p.add_argument(
         "--solution",
         default=None,
         help="reference solution (default: reference_horovod.py for horovodrun, "
         "reference_ddp.py otherwise)",
     )
-    p.add_argument("--launcher", choices=targets_mod.LAUNCHERS, default=None)
-    p.add_argument("--nprocs", "-n", type=int, default=None)
+    options.add_launch(p)
     p.add_argument("--runs", type=int, default=3, help="reference runs (default 3)")
     p.add_argument(
         "--acc-margin",
@@ -248,11 +242,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``lab-grade calibrate``: time the references (and the starter), propose a target."""
     args = parser().parse_args(argv)
-    try:
-        base = targets_mod.load(args.target or grade_mod.default_target())
-    except targets_mod.TargetError as e:
-        print(f"calibrate: {e}", file=sys.stderr)
+    base = options.load_target(args.target, "calibrate")
+    if base is None:
         return EXIT_ERROR
     if args.runs < 1:
         print("calibrate: --runs must be >= 1", file=sys.stderr)
@@ -260,15 +253,34 @@ def main(argv: list[str] | None = None) -> int:
     launcher = args.launcher or base.launcher
     nprocs = args.nprocs or base.processes
     solution = Path(args.solution) if args.solution else SOLUTIONS[launcher]
-    reports = measure(
-        solution,
-        base,
-        runs=args.runs,
-        launcher=launcher,
-        nprocs=nprocs,
-        timeout_s=args.timeout,
-        echo=not args.quiet,
-    )
+    common = dict(launcher=launcher, nprocs=nprocs, timeout_s=args.timeout, echo=not args.quiet)
+    good = _reference_runs(solution, base, args.runs, common)
+    if good is None:
+        return EXIT_FAIL
+    starter_s = None
+    if args.starter:
+        starter_s = _starter_time(base, common)
+        if starter_s is None:
+            return EXIT_FAIL
+    try:
+        proposal = propose(_measurements(good), args.acc_margin, args.time_margin, starter_s)
+    except ValueError as e:
+        print(f"calibrate: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    code = _show(proposal, base, good, nprocs)
+    text = target_toml(base, proposal, launcher, nprocs)
+    print("\n" + text)
+    if args.write:
+        Path(args.write).write_text(text, encoding="utf-8")
+        print(f"calibrate: wrote {args.write}")
+    return code
+
+
+def _reference_runs(
+    solution: Path, base: Target, runs: int, common: dict[str, Any]
+) -> list[Report] | None:
+    """The reference's reports, or None (after showing the failures) if any run failed."""
+    reports = measure(solution, base, runs=runs, **common)
     good = [r for r in reports if r.passed]
     for r in reports:
         if not r.passed:
@@ -279,8 +291,22 @@ def main(argv: list[str] | None = None) -> int:
             "fix them before trusting a target",
             file=sys.stderr,
         )
-        return EXIT_FAIL
-    runs = [
+        return None
+    return good
+
+
+def _starter_time(base: Target, common: dict[str, Any]) -> float | None:
+    """The serial starter's time, or None (after showing why) if it did not finish."""
+    print("calibrate: timing the serial starter ...", flush=True)
+    starter = measure(STARTER, base, runs=1, serial=True, **common)[0]
+    if not starter.passed:
+        print(starter.text(), file=sys.stderr)
+        return None
+    return float(starter.elapsed_s or 0)
+
+
+def _measurements(good: list[Report]) -> list[dict[str, float]]:
+    return [
         {
             "elapsed_s": float(r.elapsed_s or 0),
             "accuracy": float(r.accuracy or 0),
@@ -288,36 +314,19 @@ def main(argv: list[str] | None = None) -> int:
         }
         for r in good
     ]
-    starter_s = None
-    if args.starter:
-        print("calibrate: timing the serial starter ...", flush=True)
-        starter = measure(
-            STARTER,
-            base,
-            runs=1,
-            launcher=launcher,
-            nprocs=nprocs,
-            timeout_s=args.timeout,
-            echo=not args.quiet,
-            serial=True,
-        )[0]
-        if not starter.passed:
-            print(starter.text(), file=sys.stderr)
-            return EXIT_FAIL
-        starter_s = float(starter.elapsed_s or 0)
-    try:
-        proposal = propose(runs, args.acc_margin, args.time_margin, starter_s)
-    except ValueError as e:
-        print(f"calibrate: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    loads = [r.environment.get("load_before", 0) for r in good]
+
+
+def _show(proposal: Proposal, base: Target, good: list[Report], nprocs: int) -> int:
+    """Print the measurements and the proposal; EXIT_FAIL where either side has too
+    little room for the verdicts not to depend on noise."""
+    runs = proposal.runs
     print(
         f"\nreference: accuracy {min(r['accuracy'] for r in runs):.2%} .. "
         f"{max(r['accuracy'] for r in runs):.2%}, time {min(r['elapsed_s'] for r in runs):.1f}"
         f" .. {proposal.slowest_s:.1f} s over {len(runs)} runs"
     )
-    if starter_s is not None:
-        print(f"starter:   {starter_s:.1f} s")
+    if proposal.starter_s is not None:
+        print(f"starter:   {proposal.starter_s:.1f} s")
     print(
         f"proposed:  accuracy >= {proposal.accuracy:.2%} within {proposal.budget_s:g} s "
         f"(+ {base.grace_s:g} s grace) on {nprocs} processes; the slowest reference run "
@@ -335,16 +344,12 @@ def main(argv: list[str] | None = None) -> int:
             "noise; give the references more work (epochs) or the machine less"
         )
         code = EXIT_FAIL
+    loads = [r.environment.get("load_before", 0) for r in good]
     if max(loads, default=0) > (os.cpu_count() or 1):
         print(
             f"warning: the load average reached {max(loads):.1f} on {os.cpu_count()} CPUs "
             "during calibration: other work was running, the times are pessimistic"
         )
-    text = target_toml(base, proposal, launcher, nprocs)
-    print("\n" + text)
-    if args.write:
-        Path(args.write).write_text(text, encoding="utf-8")
-        print(f"calibrate: wrote {args.write}")
     return code
 
 

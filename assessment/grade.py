@@ -3,9 +3,8 @@
     lab-grade my_train.py                                # the target for this machine
     lab-grade my_train.py --target cpu-2proc --launcher mpirun --json report.json
     python -m assessment.grade my_train.py --launcher horovodrun --nprocs 2
-    lab-grade batch submissions/ --target cpu-2proc      # a class: see assessment/batch.py
-    lab-grade calibrate ...                              # see assessment/calibrate.py
 
+The command line is :mod:`assessment.cli`; this module is the grading itself.
 It trusts nothing the submission prints. Before starting the job it loads the
 held-out test split and hashes its own code, the target and the test data; it then
 runs the submission in a fresh working directory inside the sandbox of
@@ -29,12 +28,11 @@ checkpoint); 3 grader error (bad target or usage, missing data, a fault of the g
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import shutil
-import sys
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,9 +43,8 @@ from lab_utils import profile as lprofile
 from . import evaluate as eval_mod
 from . import integrity, jail, sandbox
 from . import participation as part
-from . import targets as targets_mod
 from .evaluate import TestSplit, check_fits, measure_accuracy  # noqa: F401 - public here too
-from .report import EXIT_ERROR, Report
+from .report import Report
 from .targets import Target
 
 TEST_SUBSET_SEED = 0
@@ -71,21 +68,6 @@ def load_test_split(target: Target) -> tuple[TestSplit, Path]:
     return TestSplit(ds.x_test.clone(), ds.y_test.clone(), tuple(ds.mean), tuple(ds.std)), source
 
 
-def default_target() -> str:
-    """The shipped target for this machine: ``gpu-N`` with N GPUs, else ``cpu-2proc``."""
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if n == 0:
-        return "cpu-2proc"
-    name = f"gpu-{n}"
-    if name not in targets_mod.available():
-        raise targets_mod.TargetError(
-            f"this machine has {n} GPUs and there is no shipped target {name}; pass "
-            f"--target (shipped: {', '.join(targets_mod.available())}) or make one with "
-            "`lab-grade calibrate`"
-        )
-    return name
-
-
 def _environment(target: Target) -> dict:
     env = {
         "host": platform.node(),
@@ -97,6 +79,17 @@ def _environment(target: Target) -> dict:
     if hasattr(os, "getloadavg"):
         env["load_before"] = round(os.getloadavg()[0], 2)
     return env
+
+
+@dataclass
+class _Setup:
+    """What a graded job runs in and is checked against, made before it starts."""
+
+    ws: sandbox.Workspace
+    conf: sandbox.Confinement
+    split_file: Path
+    guarded: list[Path]
+    before: dict[str, str]
 
 
 def grade(
@@ -130,26 +123,45 @@ def grade(
         grace_s=target.grace_s,
         required_accuracy=target.accuracy,
     )
-    ws = None
     try:
-        report.environment = _environment(target)
-        if unsafe:
-            report.unsafe = True
-            report.warnings.append(UNSAFE_HEADLINE)
-        else:
-            jail.check()
-        report.environment["sandbox"] = "none (unsafe)" if unsafe else "bubblewrap"
-        if target.status != "calibrated":
-            report.warnings.append(
-                f"target {target.name} is {target.status!r}: its numbers are "
-                "reasoned, not measured here (see `lab-grade calibrate`)"
-            )
-        if nprocs != target.processes:
-            report.warnings.append(
-                f"graded with {nprocs} processes; the target is set for {target.processes}"
-            )
-        split, source = load_test_split(target)
-        ws = sandbox.prepare(submission, entry)
+        setup = _set_up(report, submission, target, entry, unsafe, data_dir)
+    except jail.JailError as e:
+        return report.set(
+            "grader_error",
+            f"no sandbox can be made, so the submission was not "
+            f"run: {e}. To grade anyway, knowing that the "
+            "submission can then read the test split and change "
+            "your files, pass --unsafe-no-sandbox.",
+        )
+    except (ldata.DataError, sandbox.SubmissionError, OSError, ValueError) as e:
+        return report.set("grader_error", f"{type(e).__name__}: {e}")
+    try:
+        _judge(report, setup, target, launcher, nprocs, echo)
+    except Exception as e:  # a bug or an environment problem of the grader, not the student
+        tb = traceback.format_exc(limit=-3).strip().splitlines()
+        report.set("grader_error", f"{type(e).__name__}: {e}")
+        report.output_tail = report.output_tail or tb
+    finally:
+        _clean_up(report, setup.ws, keep)
+    return report
+
+
+def _set_up(
+    report: Report,
+    submission: str | os.PathLike,
+    target: Target,
+    entry: str,
+    unsafe: bool,
+    data_dir: Path | None,
+) -> _Setup:
+    """Check the sandbox, copy the submission, save the test split out of the job's
+    reach and hash what the verdict depends on; the working directory is removed
+    again if a step fails."""
+    report.environment = _environment(target)
+    _note_conditions(report, target, unsafe)
+    split, source = load_test_split(target)
+    ws = sandbox.prepare(submission, entry)
+    try:
         report.workdir, report.job_id = str(ws.workdir), ws.job_id
         grader_dir = ws.root / "grader"  # never shown to the job
         grader_dir.mkdir()
@@ -167,33 +179,40 @@ def grade(
         )
         guarded = _guarded_files(target, source, split_file)
         before = integrity.snapshot(guarded, [REPO / p for p in integrity.CODE_PACKAGES])
-    except jail.JailError as e:
-        return report.set(
-            "grader_error",
-            f"no sandbox can be made, so the submission was not "
-            f"run: {e}. To grade anyway, knowing that the "
-            "submission can then read the test split and change "
-            "your files, pass --unsafe-no-sandbox.",
+    except BaseException:
+        ws.cleanup()
+        raise
+    return _Setup(ws, conf, split_file, guarded, before)
+
+
+def _note_conditions(report: Report, target: Target, unsafe: bool) -> None:
+    """Check the sandbox (or say first that there is none) and warn about the target."""
+    if unsafe:
+        report.unsafe = True
+        report.warnings.append(UNSAFE_HEADLINE)
+    else:
+        jail.check()
+    report.environment["sandbox"] = "none (unsafe)" if unsafe else "bubblewrap"
+    if target.status != "calibrated":
+        report.warnings.append(
+            f"target {target.name} is {target.status!r}: its numbers are "
+            "reasoned, not measured here (see `lab-grade calibrate`)"
         )
-    except (ldata.DataError, sandbox.SubmissionError, OSError, ValueError) as e:
-        if ws is not None:
-            ws.cleanup()
-        return report.set("grader_error", f"{type(e).__name__}: {e}")
-    try:
-        _judge(report, ws, target, launcher, nprocs, echo, conf, split_file, guarded, before)
-    except Exception as e:  # a bug or an environment problem of the grader, not the student
-        tb = traceback.format_exc(limit=-3).strip().splitlines()
-        report.set("grader_error", f"{type(e).__name__}: {e}")
-        report.output_tail = report.output_tail or tb
-    finally:
-        if keep:
-            report.warnings.append(f"working directory kept at {ws.workdir}")
-            shutil.rmtree(ws.root / "data", ignore_errors=True)
-        else:
-            ws.cleanup()
-        if hasattr(os, "getloadavg"):
-            report.environment["load_after"] = round(os.getloadavg()[0], 2)
-    return report
+    if report.nprocs != target.processes:
+        report.warnings.append(
+            f"graded with {report.nprocs} processes; the target is set for {target.processes}"
+        )
+
+
+def _clean_up(report: Report, ws: sandbox.Workspace, keep: bool) -> None:
+    """Remove the working directory (or keep it, saying where), and note the load."""
+    if keep:
+        report.warnings.append(f"working directory kept at {ws.workdir}")
+        shutil.rmtree(ws.root / "data", ignore_errors=True)
+    else:
+        ws.cleanup()
+    if hasattr(os, "getloadavg"):
+        report.environment["load_after"] = round(os.getloadavg()[0], 2)
 
 
 def _guarded_files(target: Target, source: Path, split_file: Path) -> list[Path]:
@@ -208,18 +227,30 @@ def _guarded_files(target: Target, source: Path, split_file: Path) -> list[Path]
 
 def _judge(
     report: Report,
-    ws: sandbox.Workspace,
+    setup: _Setup,
     target: Target,
     launcher: str,
     nprocs: int,
     echo: bool,
-    conf: sandbox.Confinement,
-    split_file: Path,
-    guarded: list[Path],
-    before: dict[str, str],
 ) -> None:
     """Fill in ``report``: run the job, check nothing it must not touch changed, then
     read and evaluate its checkpoint in a fresh process."""
+    if not _may_start(report, setup.ws):
+        return
+    job = _run_job(report, setup, target, launcher, nprocs, echo)
+    altered = integrity.changed(
+        setup.before,
+        integrity.snapshot(setup.guarded, [REPO / p for p in integrity.CODE_PACKAGES]),
+    )
+    if _stopped_early(report, job, target, setup.ws, altered):
+        return
+    if not _evaluate(report, setup, target):
+        return
+    _verdict(report, job, target, nprocs)
+
+
+def _may_start(report: Report, ws: sandbox.Workspace) -> bool:
+    """Whether the copied submission compiles; warnings on what was left out or named."""
     if ws.ignored:
         report.warnings.append(
             f"weight files in the submission were not copied: {', '.join(ws.ignored)}"
@@ -229,12 +260,17 @@ def _judge(
         report.set(
             "syntax_error", f"the submission does not compile, so it was not started: {problem}"
         )
-        return
+        return False
     if sandbox.reads_test_split(ws.workdir):
         report.warnings.append(
             "the source mentions the test split; it may be used to report "
             "accuracy but never to train (checked by hand)"
         )
+    return True
+
+
+def _job_env(target: Target, ws: sandbox.Workspace, launcher: str) -> dict[str, str]:
+    """The environment the grader sets for the job, on top of the launcher's."""
     env = {
         "LABS_PROFILE": target.profile,
         # Collectives must not give up before the grader's own deadline: a deadlock
@@ -250,19 +286,31 @@ def _judge(
         # Ranks on one machine would exchange through shared memory, which no counter
         # of the kernel attributes to a rank; over TCP (on lo) every byte is counted.
         env["OMPI_MCA_btl"] = "self,tcp"
-    args = ["--dataset", target.dataset, "--budget", f"{target.budget_s:g}"]
+    return env
+
+
+def _run_job(
+    report: Report, setup: _Setup, target: Target, launcher: str, nprocs: int, echo: bool
+) -> sandbox.JobOutcome:
+    """Run the job in its sandbox and record what was measured from outside it."""
     job = sandbox.run_job(
-        ws,
-        args,
+        setup.ws,
+        ["--dataset", target.dataset, "--budget", f"{target.budget_s:g}"],
         launcher=launcher,
         nprocs=nprocs,
         deadline=target.deadline_s,
-        env=env,
+        env=_job_env(target, setup.ws, launcher),
         threads_per_proc=target.threads_per_proc,
         echo=echo,
-        confinement=conf,
+        confinement=setup.conf,
         gpu=target.profile == "gpu",
     )
+    _record_job(report, job, target, nprocs)
+    return job
+
+
+def _record_job(report: Report, job: sandbox.JobOutcome, target: Target, nprocs: int) -> None:
+    """The job's times, output, limits and per-rank evidence, and warnings from them."""
     report.elapsed_s = round(job.elapsed, 2)
     report.timed_out = job.timed_out
     report.returncode = job.returncode
@@ -288,9 +336,16 @@ def _judge(
             f"{job.leftovers} process(es) of the job outlived it and were killed by the grader"
         )
 
-    altered = integrity.changed(
-        before, integrity.snapshot(guarded, [REPO / p for p in integrity.CODE_PACKAGES])
-    )
+
+def _stopped_early(
+    report: Report,
+    job: sandbox.JobOutcome,
+    target: Target,
+    ws: sandbox.Workspace,
+    altered: list[str],
+) -> bool:
+    """The verdict where nothing is evaluated: guarded files changed, the job was
+    stopped at the deadline, or it failed. False where the checkpoint is to be read."""
     if altered:
         report.set(
             "tampered",
@@ -300,33 +355,39 @@ def _judge(
             + ". Restore them (git checkout, reinstall the data) before "
             "grading anything else.",
         )
-        return
-    if job.timed_out:
+    elif job.timed_out:
         report.set(
             "timeout",
             f"still running at budget + grace = {target.deadline_s:g} s, so "
             f"every process was stopped; {_why_stopped(job)}",
         )
-        return
-    if job.returncode != 0:
-        err = job.first_error()
-        msg = f"the job exited with status {job.returncode}"
-        if job.memory_killed:
-            msg += (
-                f"; a process was killed for going over the memory limit of {target.memory_mb:g} MB"
-            )
-        msg += f"; first error: {err}" if err else "; no rank printed an error (see the output)"
-        if (ws.workdir / "checkpoint.pt").exists():
-            msg += (
-                ". A checkpoint was written, so the failure came after it, e.g. at shutdown"
-                " (call dist.barrier() before destroy_process_group())"
-            )
-        report.set("crashed", msg)
-        return
+    elif job.returncode != 0:
+        report.set("crashed", _crash_message(job, target, ws))
+    else:
+        return False
+    return True
 
+
+def _crash_message(job: sandbox.JobOutcome, target: Target, ws: sandbox.Workspace) -> str:
+    """Why a job that exited with an error status failed, as far as the grader can tell."""
+    err = job.first_error()
+    msg = f"the job exited with status {job.returncode}"
+    if job.memory_killed:
+        msg += f"; a process was killed for going over the memory limit of {target.memory_mb:g} MB"
+    msg += f"; first error: {err}" if err else "; no rank printed an error (see the output)"
+    if (ws.workdir / "checkpoint.pt").exists():
+        msg += (
+            ". A checkpoint was written, so the failure came after it, e.g. at shutdown"
+            " (call dist.barrier() before destroy_process_group())"
+        )
+    return msg
+
+
+def _evaluate(report: Report, setup: _Setup, target: Target) -> bool:
+    """Read and evaluate the checkpoint in a fresh process; False where it was refused."""
     result = eval_mod.run(
-        ws.workdir,
-        split_file,
+        setup.ws.workdir,
+        setup.split_file,
         list(target.archs),
         target.max_checkpoint_mb,
         REPO,
@@ -334,11 +395,15 @@ def _judge(
     )
     if result["reason"] is not None:
         report.set(result["reason"], result["message"])
-        return
+        return False
     report.warnings += result["notes"]
     report.checkpoint = result["checkpoint"]
     report.accuracy, report.test_samples = result["accuracy"], result["test_samples"]
+    return True
 
+
+def _verdict(report: Report, job: sandbox.JobOutcome, target: Target, nprocs: int) -> None:
+    """Judge an evaluated run: time first, then accuracy, then data parallelism."""
     not_parallel = participation(report, job, target, nprocs)
     acc, need = report.accuracy, target.accuracy
     if job.elapsed > target.budget_s:
@@ -498,94 +563,9 @@ def _why_stopped(job: sandbox.JobOutcome) -> str:
     return f"its processes were still computing{load}: it is too slow for this budget{hint}"
 
 
-# --------------------------------------------------------------------------- command line
-class _Parser(argparse.ArgumentParser):
-    """Usage errors exit with the grader-error code, not 2 (which means "broken")."""
+if __name__ == "__main__":  # `python -m assessment.grade ...` is `lab-grade ...`
+    import sys
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+    from .cli import main
 
-
-def parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="lab-grade",
-        description=__doc__.split("\n\n")[0],
-        epilog="Exit codes: 0 pass, 1 fail, 2 broken submission, 3 grader error. "
-        "`lab-grade batch --help` grades a folder of submissions; "
-        "`lab-grade calibrate --help` proposes targets for this machine.",
-    )
-    p.add_argument("submission", help="the training script (.py), or a folder with --entry")
-    p.add_argument(
-        "--target",
-        "--profile",
-        dest="target",
-        default=None,
-        help="target name in assessment/targets or a .toml path "
-        f"(shipped: {', '.join(targets_mod.available())}; default: by hardware)",
-    )
-    p.add_argument(
-        "--launcher",
-        choices=targets_mod.LAUNCHERS,
-        default=None,
-        help="how to start the processes (default: the target's)",
-    )
-    p.add_argument(
-        "--nprocs", "-n", type=int, default=None, help="number of processes (default: the target's)"
-    )
-    p.add_argument("--json", metavar="PATH", default=None, help="also write the report as JSON")
-    p.add_argument("--entry", default="train.py", help="entry script of a folder submission")
-    p.add_argument("--quiet", "-q", action="store_true", help="do not stream the job's output")
-    p.add_argument("--keep", action="store_true", help="keep the working directory (debugging)")
-    p.add_argument(
-        "--unsafe-no-sandbox",
-        dest="unsafe",
-        action="store_true",
-        help="run the submission without the sandbox where none can be made "
-        "(it can then read the test split and change files; the report "
-        "says so first)",
-    )
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["calibrate"]:
-        from . import calibrate
-
-        return calibrate.main(argv[1:])
-    if argv[:1] == ["batch"]:
-        from . import batch
-
-        return batch.main(argv[1:])
-    args = parser().parse_args(argv)
-    if args.nprocs is not None and args.nprocs < 1:
-        print("lab-grade: --nprocs must be >= 1", file=sys.stderr)
-        return EXIT_ERROR
-    try:
-        target = targets_mod.load(args.target or default_target())
-    except targets_mod.TargetError as e:
-        print(f"lab-grade: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    report = grade(
-        args.submission,
-        target,
-        launcher=args.launcher,
-        nprocs=args.nprocs,
-        entry=args.entry,
-        echo=not args.quiet,
-        keep=args.keep,
-        unsafe=args.unsafe,
-    )
-    print("\n" + report.text(), flush=True)
-    if args.json:
-        try:
-            report.write_json(args.json)
-        except OSError as e:
-            print(f"lab-grade: cannot write {args.json}: {e}", file=sys.stderr)
-            return EXIT_ERROR
-    return report.exit_code
-
-
-if __name__ == "__main__":
     sys.exit(main())

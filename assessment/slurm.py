@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import batch, jail
 from . import grade as grade_mod
+from . import jail, results
 from . import targets as targets_mod
 from .report import Report
 
@@ -161,7 +161,7 @@ def grade_one(manifest: Path, index: int) -> dict[str, Any]:
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     report.write_json(out / "reports" / f"{name}.json")
-    row = batch.row_of(name, path, item["sha256"], target.name, report)
+    row = results.row_of(name, path, item["sha256"], target.name, report)
     row["slurm_job"] = job
     _write_json(rows_dir(out) / f"{name}.json", row)
     print(f"{name}: {report.status.upper()} {report.reason}", flush=True)
@@ -175,7 +175,7 @@ def rows_dir(out: Path) -> Path:
 
 def _write_json(path: Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    batch._atomic_write(path, json.dumps(obj, indent=2) + "\n")
+    results.atomic_write(path, json.dumps(obj, indent=2) + "\n")
 
 
 def _read_json(path: Path) -> Any:
@@ -255,7 +255,7 @@ def killed_row(
         "run the batch again to grade it again.",
     )
     report.write_json(out / "reports" / f"{name}.json")
-    row = batch.row_of(name, Path(item["path"]), item["sha256"], target.name, report)
+    row = results.row_of(name, Path(item["path"]), item["sha256"], target.name, report)
     row.update(slurm_job=job, slurm_state=state)
     return row
 
@@ -288,35 +288,11 @@ def run_slurm_batch(
     done = {} if regrade else _previous_rows(out)
     jobs_file = out / "slurm" / "jobs.json"
     jobs: dict[str, dict[str, Any]] = {} if regrade else (_read_json(jobs_file) or {})
-    todo = batch.students(folder, entry)
+    todo = results.students(folder, entry)
     rows: dict[str, dict[str, Any]] = {}
     watch: dict[str, dict[str, Any]] = {}  # student -> its job entry
-    submit: list[dict[str, Any]] = []
     queued = queue([j["job"].split("_")[0] for j in jobs.values()]) if jobs else {}
-    for name, path in todo:
-        digest = batch.fingerprint(path)
-        item = {"student": name, "path": str(path.resolve()), "sha256": digest}
-        old, job = done.get(name), jobs.get(name)
-        same = job is not None and job["sha256"] == digest and job["target"] == target.name
-        if (
-            old
-            and old.get("sha256") == digest
-            and old.get("target") == target.name
-            and old.get("status") != "error"
-        ):
-            rows[name] = old
-            say(f"{name}: already graded ({old['status']}: {old['verdict']})", flush=True)
-        elif same and job["job"] in queued:
-            watch[name] = job
-            say(
-                f"{name}: already submitted as job {job['job']} "
-                f"({queued[job['job']][0].lower()}), not submitted again",
-                flush=True,
-            )
-        elif same and not (old and old.get("slurm_job") == job["job"]):
-            watch[name] = job  # ended while no batch was watching: collected below
-        else:
-            submit.append(item)
+    submit = _sort_out(todo, done, jobs, queued, target.name, rows, watch, say)
     if submit:
         _submit(
             submit,
@@ -338,19 +314,72 @@ def run_slurm_batch(
     try:
         _wait(watch, rows, target, out, launcher, nprocs, poll_s, say)
     except KeyboardInterrupt:
-        left = sorted(j["job"] for n, j in watch.items() if n not in rows)
-        say(
-            f"\ninterrupted: {len(left)} job(s) still in Slurm ({', '.join(left)}); they keep "
-            "running. Run the same command again to collect them; they are not submitted "
-            "again.",
-            flush=True,
-        )
-        batch._save(out, {**_kept(done, todo), **rows}, target.name)
+        _interrupted(watch, rows, done, todo, target.name, out, say)
         raise
-    batch._save(out, rows, target.name)
+    results.save(out, rows, target.name)
     ordered = [rows[n] for n, _ in todo if n in rows]
-    say(batch.summary(ordered, target.name), end="")
+    say(results.summary(ordered, target.name), end="")
     return ordered
+
+
+def _sort_out(
+    todo: list[tuple[str, Path]],
+    done: dict[str, dict[str, Any]],
+    jobs: dict[str, dict[str, Any]],
+    queued: dict[str, Any],
+    target: str,
+    rows: dict[str, dict[str, Any]],
+    watch: dict[str, dict[str, Any]],
+    say: Callable[..., None],
+) -> list[dict[str, Any]]:
+    """Sort each student: already graded (into ``rows``), a job of theirs to wait for
+    (into ``watch``), or to submit (returned)."""
+    submit = []
+    for name, path in todo:
+        digest = results.fingerprint(path)
+        item = {"student": name, "path": str(path.resolve()), "sha256": digest}
+        old, job = done.get(name), jobs.get(name)
+        same = job is not None and job["sha256"] == digest and job["target"] == target
+        if (
+            old
+            and old.get("sha256") == digest
+            and old.get("target") == target
+            and old.get("status") != "error"
+        ):
+            rows[name] = old
+            say(f"{name}: already graded ({old['status']}: {old['verdict']})", flush=True)
+        elif same and job["job"] in queued:
+            watch[name] = job
+            say(
+                f"{name}: already submitted as job {job['job']} "
+                f"({queued[job['job']][0].lower()}), not submitted again",
+                flush=True,
+            )
+        elif same and not (old and old.get("slurm_job") == job["job"]):
+            watch[name] = job  # ended while no batch was watching: collected below
+        else:
+            submit.append(item)
+    return submit
+
+
+def _interrupted(
+    watch: dict[str, dict[str, Any]],
+    rows: dict[str, dict[str, Any]],
+    done: dict[str, dict[str, Any]],
+    todo: list[tuple[str, Path]],
+    target: str,
+    out: Path,
+    say: Callable[..., None],
+) -> None:
+    """Ctrl-C while waiting: say which jobs keep running and save what is graded."""
+    left = sorted(j["job"] for n, j in watch.items() if n not in rows)
+    say(
+        f"\ninterrupted: {len(left)} job(s) still in Slurm ({', '.join(left)}); they keep "
+        "running. Run the same command again to collect them; they are not submitted "
+        "again.",
+        flush=True,
+    )
+    results.save(out, {**_kept(done, todo), **rows}, target)
 
 
 def _previous_rows(out: Path) -> dict[str, dict[str, Any]]:
@@ -468,7 +497,7 @@ def _wait(
                 f"(job {job['job']})",
                 flush=True,
             )
-            batch._save(out, rows, target.name)
+            results.save(out, rows, target.name)
         states = Counter(
             s.lower()
             for n, j in watch.items()

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from PyPI
@@ -96,7 +98,15 @@ def load(name_or_path: str | os.PathLike) -> Target:
 
 def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target:
     """Build a :class:`Target` from parsed TOML, with one clear error per bad key."""
-    raw = dict(raw)
+    values = _read_keys(dict(raw), path)
+    for ok, problem in _checks(values):
+        if not ok:
+            raise TargetError(f"{path}: {problem}")
+    return Target(**values, path=str(path))
+
+
+def _read_keys(raw: dict[str, Any], path: str | os.PathLike) -> dict[str, Any]:
+    """Each key of the file, type-checked, with its default where it may be left out."""
 
     def need(key: str, kind: type | tuple[type, ...]) -> Any:
         if key not in raw:
@@ -109,68 +119,72 @@ def from_dict(raw: dict[str, Any], path: str | os.PathLike = "<dict>") -> Target
     def opt(key: str, kind: type | tuple[type, ...], default: Any) -> Any:
         return need(key, kind) if key in raw else default
 
-    name = opt("name", str, Path(path).stem)
-    dataset = need("dataset", str)
-    accuracy = float(need("accuracy", (int, float)))
-    budget = float(need("budget_s", (int, float)))
-    processes = need("processes", int)
-    archs = tuple(need("archs", list))
-    grace = float(opt("grace_s", (int, float), 15.0))
-    threads = opt("threads_per_proc", int, 1) or None  # 0: leave the thread count alone
-    launcher = opt("launcher", str, "torchrun")
-    profile = opt("profile", str, "cpu")
-    test_samples = opt("test_samples", int, None)
-    max_mb = float(opt("max_checkpoint_mb", (int, float), 512.0))
-    memory_mb = float(opt("memory_mb", (int, float), 8192.0))
-    data_parallel = opt("data_parallel", str, "require")
-    status = opt("status", str, "to be calibrated")
-    description = opt("description", str, "")
-    calibration = opt("calibration", dict, {})
+    number = (int, float)
+    values = {
+        "name": opt("name", str, Path(path).stem),
+        "dataset": need("dataset", str),
+        "accuracy": float(need("accuracy", number)),
+        "budget_s": float(need("budget_s", number)),
+        "processes": need("processes", int),
+        "archs": tuple(need("archs", list)),
+        "grace_s": float(opt("grace_s", number, 15.0)),
+        # 0: leave the thread count alone
+        "threads_per_proc": opt("threads_per_proc", int, 1) or None,
+        "launcher": opt("launcher", str, "torchrun"),
+        "profile": opt("profile", str, "cpu"),
+        "test_samples": opt("test_samples", int, None),
+        "max_checkpoint_mb": float(opt("max_checkpoint_mb", number, 512.0)),
+        "memory_mb": float(opt("memory_mb", number, 8192.0)),
+        "data_parallel": opt("data_parallel", str, "require"),
+        "status": opt("status", str, "to be calibrated"),
+        "description": opt("description", str, ""),
+        "calibration": opt("calibration", dict, {}),
+    }
     if raw:
         raise TargetError(f"{path}: unknown key(s) {', '.join(sorted(raw))}")
+    return values
 
-    checks = [
+
+def _checks(v: dict[str, Any]) -> list[tuple[bool, str]]:
+    """(holds, problem in words) for every rule a target's values must keep."""
+    dataset, threads, archs = v["dataset"], v["threads_per_proc"], v["archs"]
+    return [
         (dataset in DATASETS, f"dataset must be one of {', '.join(DATASETS)}, not {dataset!r}"),
-        (0.0 < accuracy <= 1.0, f"accuracy is a fraction in (0, 1], not {accuracy}"),
-        (budget > 0, f"budget_s must be positive, not {budget}"),
-        (grace >= 0, f"grace_s must be >= 0, not {grace}"),
-        (processes >= 1, f"processes must be >= 1, not {processes}"),
+        (0.0 < v["accuracy"] <= 1.0, f"accuracy is a fraction in (0, 1], not {v['accuracy']}"),
+        (v["budget_s"] > 0, f"budget_s must be positive, not {v['budget_s']}"),
+        (v["grace_s"] >= 0, f"grace_s must be >= 0, not {v['grace_s']}"),
+        (v["processes"] >= 1, f"processes must be >= 1, not {v['processes']}"),
         (threads is None or threads >= 1, f"threads_per_proc must be >= 0, not {threads}"),
         (
             bool(archs) and all(isinstance(a, str) for a in archs),
             "archs must be a non-empty list of registry names",
         ),
-        (launcher in LAUNCHERS, f"launcher must be one of {', '.join(LAUNCHERS)}"),
-        (profile in ("quick", "cpu", "gpu"), f"profile must be quick, cpu or gpu, not {profile!r}"),
-        (test_samples is None or test_samples >= 1, "test_samples must be >= 1"),
-        (max_mb > 0, "max_checkpoint_mb must be positive"),
-        (memory_mb >= 256, "memory_mb must be at least 256"),
-        (status in STATUSES, f"status must be one of {', '.join(STATUSES)}"),
+        (v["launcher"] in LAUNCHERS, f"launcher must be one of {', '.join(LAUNCHERS)}"),
         (
-            data_parallel in DATA_PARALLEL,
-            f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, not {data_parallel!r}",
+            v["profile"] in ("quick", "cpu", "gpu"),
+            f"profile must be quick, cpu or gpu, not {v['profile']!r}",
+        ),
+        (v["test_samples"] is None or v["test_samples"] >= 1, "test_samples must be >= 1"),
+        (v["max_checkpoint_mb"] > 0, "max_checkpoint_mb must be positive"),
+        (v["memory_mb"] >= 256, "memory_mb must be at least 256"),
+        (v["status"] in STATUSES, f"status must be one of {', '.join(STATUSES)}"),
+        (
+            v["data_parallel"] in DATA_PARALLEL,
+            f"data_parallel must be one of {', '.join(DATA_PARALLEL)}, not {v['data_parallel']!r}",
         ),
     ]
-    for ok, problem in checks:
-        if not ok:
-            raise TargetError(f"{path}: {problem}")
-    return Target(
-        name=name,
-        dataset=dataset,
-        accuracy=accuracy,
-        budget_s=budget,
-        processes=processes,
-        archs=archs,
-        grace_s=grace,
-        threads_per_proc=threads,
-        launcher=launcher,
-        profile=profile,
-        test_samples=test_samples,
-        max_checkpoint_mb=max_mb,
-        memory_mb=memory_mb,
-        data_parallel=data_parallel,
-        status=status,
-        description=description,
-        path=str(path),
-        calibration=calibration,
-    )
+
+
+def default_target() -> str:
+    """The shipped target for this machine: ``gpu-N`` with N GPUs, else ``cpu-2proc``."""
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        return "cpu-2proc"
+    name = f"gpu-{n}"
+    if name not in available():
+        raise TargetError(
+            f"this machine has {n} GPUs and there is no shipped target {name}; pass "
+            f"--target (shipped: {', '.join(available())}) or make one with "
+            "`lab-grade calibrate`"
+        )
+    return name

@@ -11,6 +11,7 @@ flip (see "good submissions" below).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import json
@@ -24,7 +25,7 @@ import psutil
 import pytest
 import torch
 
-from assessment import calibrate, checkpoint, grade, sandbox, targets
+from assessment import calibrate, checkpoint, cli, grade, sandbox, targets
 from assessment.checkpoint import CheckpointRejected
 from assessment.report import REASONS, Report
 from lab_utils import data, models
@@ -276,33 +277,120 @@ def test_cli_syntax_error_is_broken_without_starting_anything(tmp_path: Path, ca
     src = tmp_path / "syntax_error.py"
     shutil.copyfile(SUBMISSIONS / "syntax_error.py.txt", src)
     out = tmp_path / "report.json"
-    code = grade.main([str(src), "--target", str(FAST), "--json", str(out), "-q"])
+    code = cli.main([str(src), "--target", str(FAST), "--json", str(out), "-q"])
     report = json.loads(out.read_text())
     assert code == 2 and report["reason"] == "syntax_error" and report["returncode"] is None
     assert "line" in report["message"] and "BROKEN SUBMISSION" in capsys.readouterr().out
 
 
 def test_cli_usage_and_target_errors_are_grader_errors(tmp_path: Path) -> None:
-    assert grade.main([str(tmp_path / "missing.py"), "--target", str(FAST), "-q"]) == 3
-    assert grade.main([str(fixture("hang")), "--target", "no-such-target"]) == 3
+    assert cli.main([str(tmp_path / "missing.py"), "--target", str(FAST), "-q"]) == 3
+    assert cli.main([str(fixture("hang")), "--target", "no-such-target"]) == 3
     with pytest.raises(SystemExit) as info:
-        grade.main([str(fixture("hang")), "--launcher", "srun"])
+        cli.main([str(fixture("hang")), "--launcher", "srun"])
     assert info.value.code == 3
 
 
 def test_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
-    assert 'lab-grade = "assessment.grade:main"' in text
-    result = subprocess.run(
-        [sys.executable, "-m", "assessment.grade", "--help"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert (
-        result.returncode == 0 and "--launcher" in result.stdout and "Exit codes" in result.stdout
-    )
+    assert 'lab-grade = "assessment.cli:main"' in text
+    for module in ("assessment.grade", "assessment.cli"):  # the documented spellings
+        result = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "--launcher" in result.stdout and "Exit codes" in result.stdout
+
+
+def test_subcommands_are_dispatched_and_their_usage_errors_are_grader_errors() -> None:
+    for sub in ("batch", "calibrate"):
+        with pytest.raises(SystemExit) as info:
+            cli.main([sub, "--no-such-option"])
+        assert info.value.code == 3, sub
+
+
+# --------------------------------------------------------------------------- import graph
+def imports_of(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of ``known`` that module ``name`` (file ``path``) imports, at the top
+    or inside a function; not under ``if __name__ == "__main__"`` (that code runs in
+    the module ``__main__``, a different one, when the file is run as a script)."""
+    tree = ast.parse(path.read_text())
+    main_blocks = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+    ]
+    skipped = {id(n) for block in main_blocks for n in ast.walk(block)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph(root: Path, packages: list[str]) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports."""
+    files = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return {name: imports_of(path, name, set(files)) for name, path in files.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk meets, each as its modules in import order."""
+    cycles: list[list[str]] = []
+    state: dict[str, str] = {}
+    path: list[str] = []
+
+    def visit(name: str) -> None:
+        state[name] = "open"
+        path.append(name)
+        for other in sorted(graph[name]):
+            if state.get(other) == "open":
+                cycles.append(path[path.index(other) :] + [other])
+            elif other not in state:
+                visit(other)
+        path.pop()
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name)
+    return cycles
+
+
+def test_no_module_of_lab_utils_or_assessment_imports_itself_in_a_circle() -> None:
+    cycles = import_cycles(import_graph(REPO, ["lab_utils", "assessment"]))
+    assert cycles == [], [" -> ".join(c) for c in cycles]
+
+
+def test_an_import_circle_through_a_function_is_found(tmp_path: Path) -> None:
+    """The circle the grader had: grade imported batch inside main(), batch imported
+    grade at the top. A __main__ block alone makes no circle."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "grade.py").write_text("def main():\n    from . import batch\n")
+    (pkg / "batch.py").write_text("from . import grade as grade_mod\n")
+    (pkg / "cli.py").write_text("from pkg import tool\n")
+    (pkg / "tool.py").write_text('if __name__ == "__main__":\n    from .cli import main\n')
+    cycles = import_cycles(import_graph(tmp_path, ["pkg"]))
+    assert cycles == [["pkg.batch", "pkg.grade", "pkg.batch"]]
 
 
 # --------------------------------------------------------------------------- working directory
