@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import REPO
+from conftest import REPO, load_script
 from torch.distributed.checkpoint.api import CheckpointException
 
 from lab_utils import launch, models
@@ -117,34 +117,22 @@ def test_a_save_killed_before_metadata_is_detected(tmp_path):
         checks.check_incomplete([*files, ".metadata"], None)
 
 
-def test_process_count_that_does_not_fit_stops_cleanly(tmp_path):
-    """As rank 0 of 3 (torchrun's environment): the script stops before any process group."""
-    env = {
-        "LABS_PROFILE": "quick",
-        "PATH": "",
-        "RANK": "0",
-        "WORLD_SIZE": "3",
-        "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": "3",
-    }
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(SCRIPT),
-            *TINY,
-            "--save",
-            str(tmp_path / "c"),
-            "--reference",
-            str(tmp_path / "r.pt"),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert (
-        done.returncode == 2 and "error: the global batch 8 cannot be split over 3" in done.stderr
-    )
+def test_process_count_that_does_not_fit_stops_cleanly(tmp_path, monkeypatch, capsys):
+    """As rank 0 of 3 (torchrun's environment): the script stops with status 2 before
+    it joins any process group. It runs in this process (no second start of torch): a
+    group joined would raise, and there is no torchrun agent whose workers to wait for."""
+    script = load_script(SCRIPT)
+    torchrun = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"}
+    for name, value in {**torchrun, "LABS_PROFILE": "quick"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(script.parallel, "_wait_for_the_other_workers", lambda: None)
+    monkeypatch.setattr(script.labdist, "init", lambda **kw: pytest.fail("a group was joined"))
+    argv = [*TINY, "--save", str(tmp_path / "c"), "--reference", str(tmp_path / "r.pt")]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv])
+    with pytest.raises(SystemExit) as stop:
+        script.main()
+    assert stop.value.code == 2
+    assert "error: the global batch 8 cannot be split over 3" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
 
 
