@@ -12,14 +12,11 @@ even one that detached itself and changed its command line is found.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
-import queue
 import re
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -289,6 +286,22 @@ class Confinement:
     hide: list[Path] = field(default_factory=list)  # full dataset copies in visible folders
 
 
+def _job_env(
+    ws: Workspace,
+    launcher: str,
+    env: Mapping[str, str],
+    threads_per_proc: int | None,
+    deadline: float,
+    conf: Confinement | None,
+) -> dict[str, str]:
+    """The job's environment: tagged, its metrics in the workdir, the sandbox's view."""
+    job = launch.job_env(launcher, {**env, TAG_VAR: ws.job_id}, threads_per_proc, deadline)
+    job[lmetrics.ENV_VAR] = str(ws.workdir / METRICS_NAME)
+    if conf is not None and conf.sandboxed:
+        job.update(jail.sandbox_env(ws.workdir, conf.data_dir))
+    return job
+
+
 def _command(
     ws: Workspace,
     args: Sequence[str],
@@ -297,17 +310,89 @@ def _command(
     job: dict[str, str],
     conf: Confinement | None,
 ) -> list[str]:
+    """The launcher's command, inside the sandbox unless grading is unsafe."""
     cmd = launch.command(launcher, nprocs, ws.script, args, (), job)
-    if conf is not None and conf.sandboxed:
-        cmd = jail.command(
-            cmd,
-            workdir=ws.workdir,
-            data_dir=conf.data_dir,
-            repo=conf.repo,
-            gpu=conf.gpu,
-            hide=conf.hide,
-        )
-    return [sys.executable, "-m", "lab_utils.reaper", "--", *cmd]
+    if conf is None or not conf.sandboxed:
+        return cmd
+    return jail.command(
+        cmd,
+        workdir=ws.workdir,
+        data_dir=conf.data_dir,
+        repo=conf.repo,
+        gpu=conf.gpu,
+        hide=conf.hide,
+    )
+
+
+class _Lines:
+    """What the grader notes of each line as it comes: the first error, when the job
+    last printed, when the grader stopped it; and the line itself when echoing."""
+
+    def __init__(self, echo: bool) -> None:
+        self.error: str | None = None
+        self.last: float | None = None  # time of the job's last line before any stop
+        self.stopped: float | None = None  # time the grader stopped the job
+        self._out = sys.stdout if echo else None
+
+    def __call__(self, rank: int | None, text: str) -> None:
+        if rank is None and text.startswith("launch: timed out"):
+            self.stopped = self.stopped or time.monotonic()
+        elif self.stopped is None:
+            self.last = time.monotonic()
+        if self.error is None:
+            self.error = _error_text(rank, text)
+        if self._out is not None:
+            self._out.write((text if rank is None else f"[rank {rank}] {text}") + "\n")
+            self._out.flush()
+
+
+@dataclass
+class _Watchers:
+    """The samplers that run beside the job: CPU per rank, TCP bytes, GPU use."""
+
+    cpu: _CpuWatch
+    sockets: part.SocketWatch
+    gpu: part.GpuWatch | None
+
+    @classmethod
+    def start(cls, gpu: bool) -> _Watchers:
+        sockets = part.SocketWatch()
+        gpu_watch = part.GpuWatch() if gpu else None
+        cpu = _CpuWatch(observers=[sockets] + ([gpu_watch] if gpu_watch else []))
+        cpu.start()
+        return cls(cpu, sockets, gpu_watch)
+
+    def stop(self) -> None:
+        self.cpu.stop()
+        if self.gpu is not None:
+            self.gpu.close()
+
+
+@dataclass
+class _Aftermath:
+    """What is found once the job is over: processes left, memory, how it was limited."""
+
+    leftovers: int
+    memory_killed: bool
+    peak_mb: float | None
+    limits: str
+
+
+def _clean_up(ws: Workspace, limits: jail.Limits | None) -> _Aftermath:
+    """Kill what is left of the job (even after an error: a worker in a session of its
+    own may be left), read the limits' record, remove them."""
+    leftovers = reap_leftovers(ws.job_id, ws.root)
+    if limits is None:
+        return _Aftermath(leftovers, False, None, "none")
+    peak = limits.peak_bytes()
+    after = _Aftermath(
+        leftovers,
+        bool(limits.memory_killed()),
+        None if peak is None else round(peak / 2**20, 1),
+        limits.how,
+    )
+    limits.remove()
+    return after
 
 
 def run_job(
@@ -324,131 +409,49 @@ def run_job(
     gpu: bool = False,
 ) -> JobOutcome:
     """Run the workspace's script and wait for it, for at most ``deadline`` seconds."""
-    job = launch.job_env(launcher, {**env, TAG_VAR: ws.job_id}, threads_per_proc, deadline)
-    metrics_file = ws.workdir / METRICS_NAME
-    job[lmetrics.ENV_VAR] = str(metrics_file)
+    job = _job_env(ws, launcher, env, threads_per_proc, deadline, confinement)
+    cmd = _command(ws, args, launcher, nprocs, job, confinement)
     limits = None
-    if confinement is not None and confinement.sandboxed:
-        job.update(jail.sandbox_env(ws.workdir, confinement.data_dir))
     if confinement is not None:
         limits = jail.make_limits(confinement.memory_mb, confinement.max_procs)
-    cmd = _command(ws, args, launcher, nprocs, job, confinement)
-    if limits is not None:
-        cmd = [*limits.join_command(), *cmd]
-    lines: collections.deque[tuple[int | None, str]] = collections.deque(maxlen=KEEP_LINES)
-    state = {"count": 0, "error": None, "last": None, "stopped": None}
-    out = sys.stdout if echo else None
-
-    def take(rank: int | None, text: str) -> None:
-        text = text[:MAX_LINE]
-        lines.append((rank, text))
-        state["count"] += 1
-        if rank is None and text.startswith("launch: timed out"):
-            state["stopped"] = state["stopped"] or time.monotonic()
-        elif state["stopped"] is None:
-            state["last"] = time.monotonic()
-        if state["error"] is None:
-            state["error"] = _error_text(rank, text)
-        if out is not None:
-            out.write((text if rank is None else f"[rank {rank}] {text}") + "\n")
-            out.flush()
-
-    sockets = part.SocketWatch()
-    gpu_watch = part.GpuWatch() if gpu else None
-    watch = _CpuWatch(observers=[sockets] + ([gpu_watch] if gpu_watch else []))
+    seen = _Lines(echo)
     cpu0 = _children_cpu()
     start = time.monotonic()
-    watch.start()
-    timed_out = False
-    proc = None
+    watchers = _Watchers.start(gpu)
     try:
-        proc = subprocess.Popen(
+        result = launch.stream(
             cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=ws.workdir,
             env=job,
-            start_new_session=True,
+            cwd=ws.workdir,
+            timeout=deadline,
+            on_line=seen,
+            keep_lines=KEEP_LINES,
+            max_line=MAX_LINE,
+            prefix=limits.join_command() if limits is not None else (),
         )
-        # A small queue: a job that floods its output waits for the grader to read it.
-        chunks: queue.Queue[bytes] = queue.Queue(maxsize=16)
-
-        def pump() -> None:
-            assert proc is not None and proc.stdout is not None
-            while data := os.read(proc.stdout.fileno(), 65536):
-                chunks.put(data)
-            chunks.put(b"")
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        demux = launch.RankDemux()
-        done = False
-        while not done:
-            left = deadline - (time.monotonic() - start)
-            if left <= 0:
-                timed_out = True
-                take(None, f"launch: timed out after {deadline:g}s; stopping every process")
-                launch._stop(proc)
-                break
-            try:
-                data = chunks.get(timeout=min(left, 0.2))
-            except queue.Empty:
-                continue
-            if data == b"":
-                done = True
-            else:
-                for rank, text in demux.feed(data.decode("utf-8", errors="replace")):
-                    take(rank, text)
-        launch._stop(proc)
-        # Drain what is left (bounded: the writers are gone).
-        while True:
-            try:
-                data = chunks.get(timeout=0.5 if reader.is_alive() else 0)
-            except queue.Empty:
-                break
-            if data:
-                for rank, text in demux.feed(data.decode("utf-8", errors="replace")):
-                    take(rank, text)
-            else:
-                break
-        for rank, text in demux.flush():
-            take(rank, text)
-        returncode = proc.wait()
     finally:
         end = time.monotonic()
-        if proc is not None and proc.poll() is None:
-            launch._stop(proc)
-        watch.stop()
-        if gpu_watch is not None:
-            gpu_watch.close()
-        # Even when something raised: a worker in a session of its own may be left.
-        leftovers = reap_leftovers(ws.job_id, ws.root)
-        memory_killed = bool(limits and limits.memory_killed())
-        peak = limits.peak_bytes() if limits else None
-        how = limits.how if limits else "none"
-        if limits is not None:
-            limits.remove()
-    last = state["stopped"] or end  # the end of the job as the job itself lived it
-    silent = last - (state["last"] or start)
+        watchers.stop()
+        after = _clean_up(ws, limits)
+    last = seen.stopped or end  # the end of the job as the job itself lived it
     return JobOutcome(
-        returncode=returncode,
-        timed_out=timed_out,
+        returncode=result.returncode,
+        timed_out=result.timed_out,
         elapsed=end - start,
-        silent_for=silent,
-        busy_cores=watch.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
+        silent_for=last - (seen.last or start),
+        busy_cores=watchers.cpu.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
         cpu_s=_children_cpu() - cpu0,
-        lines=list(lines),
-        leftovers=leftovers,
-        error=state["error"],
-        line_count=state["count"],
-        rank_cpu_s=dict(sorted(watch.by_rank.items())),
-        metrics=_read_metrics(metrics_file),
-        memory_killed=memory_killed,
-        peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
-        limits=how,
-        sockets=sockets,
-        gpu=gpu_watch,
+        lines=result.lines,
+        leftovers=after.leftovers,
+        error=seen.error,
+        line_count=result.line_count,
+        rank_cpu_s=dict(sorted(watchers.cpu.by_rank.items())),
+        metrics=_read_metrics(ws.workdir / METRICS_NAME),
+        memory_killed=after.memory_killed,
+        peak_memory_mb=after.peak_mb,
+        limits=after.limits,
+        sockets=watchers.sockets,
+        gpu=watchers.gpu,
     )
 
 

@@ -39,11 +39,16 @@ DEFAULT_ARCH = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="lab-train",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = lprofile.script_parser(__doc__.split("\n\n")[0])
+    p.prog = "lab-train"
+    _data_options(p)
+    _optimiser_options(p)
+    _speed_options(p)
+    _run_options(p)
+    return p.parse_args(argv)
+
+
+def _data_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dataset",
         default="fashion-mnist",
@@ -55,6 +60,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--width", type=int, default=None, help="model width (channels), if it has one")
     p.add_argument("--profile", default=None, choices=list(lprofile.PROFILES))
+    p.add_argument("--n-train", type=int, default=None, help="use a subset of the training set")
+    p.add_argument("--n-test", type=int, default=None)
+    p.add_argument(
+        "--augment",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="random crop + flip (default: on for CIFAR-10)",
+    )
+
+
+def _optimiser_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=int, default=None)
     p.add_argument("--batch-size", type=int, default=128, help="per process")
     p.add_argument("--lr", type=float, default=0.05, help="for one process; scaled by world size")
@@ -70,12 +86,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument(
-        "--augment",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="random crop + flip (default: on for CIFAR-10)",
-    )
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _speed_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
@@ -90,10 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="channels-last memory format for images and weights (faster "
         "convolutions with oneDNN on CPUs and with cuDNN)",
     )
-    p.add_argument("--n-train", type=int, default=None, help="use a subset of the training set")
-    p.add_argument("--n-test", type=int, default=None)
     p.add_argument("--max-seconds", type=float, default=None, help="wall-clock budget")
-    p.add_argument("--seed", type=int, default=0)
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--checkpoint", default="checkpoint.pt", help="final model {arch, kwargs, state_dict}"
     )
@@ -112,7 +126,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also evaluate on the test set after every epoch (val_acc in the metrics)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
-    return p.parse_args(argv)
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -134,76 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     defaults = DEFAULTS[prof.name]
     epochs = args.epochs or defaults["epochs"]
     torch.manual_seed(args.seed)
-
-    ds = data.load(args.dataset, root=args.data_root)
-    ds = ds.subset(
+    ds = data.load(args.dataset, root=args.data_root).subset(
         n_train=args.n_train or defaults["n_train"],
         n_test=args.n_test or defaults["n_test"],
         seed=args.seed,
     )
     arch = args.arch or DEFAULT_ARCH[args.dataset]
-    kwargs = {"in_channels": ds.x_train.shape[1], "num_classes": len(ds.classes)}
-    if args.width is not None:
-        kwargs["width"] = args.width
-    model = models.build(arch, **kwargs).to(info.device)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    model = _model(args, arch, ds, info)
     bf16 = args.bf16 if args.bf16 is not None else native_bf16(info.device)
-    augment = args.augment if args.augment is not None else args.dataset != "fashion-mnist"
-
-    train_loader = TensorLoader.from_dataset(
-        ds,
-        "train",
-        args.batch_size,
-        shuffle=True,
-        seed=args.seed,
-        rank=info.rank,
-        world_size=info.world_size,
-        augment=augment,
-        drop_last=True,
-        device=info.device,
-        channels_last=args.channels_last,
-    )
-    test_loader = TensorLoader.from_dataset(
-        ds,
-        "test",
-        1024,
-        shuffle=False,
-        rank=info.rank,
-        world_size=info.world_size,
-        even_shards=False,
-        device=info.device,
-        channels_last=args.channels_last,
-    )
-    rule = "none" if args.no_lr_scaling else args.lr_scaling
-    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * info.world_size, rule)
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=lr,
-        momentum=args.momentum,
-        nesterov=args.momentum > 0,
-        weight_decay=args.weight_decay,
-    )
-    steps = epochs * len(train_loader)
-    warm = min(steps, max(1, int(args.warmup_epochs * len(train_loader))))
-    schedule = optim.lambda_lr(
-        optimizer,
-        optim.lr_schedule(  # from the one-process rate
-            steps, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"
-        ),
-    )
-    net = DDP(model) if info.distributed else model
-    trainer = Trainer(
-        net,
-        optimizer,
-        scheduler=schedule,
-        max_seconds=args.max_seconds,
-        progress=args.progress,
-        metrics_path=args.metrics,
-        checkpoint_path=args.epoch_checkpoint,
-        loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
-        autocast_dtype=torch.bfloat16 if bf16 else None,
-    )
+    train_loader, test_loader = _loaders(args, ds, info)
+    trainer, lr = _trainer(args, model, info, epochs * len(train_loader), len(train_loader), bf16)
     if args.resume:
         trainer.load_checkpoint(args.resume)
     dist.print0(
@@ -214,38 +167,142 @@ def main(argv: list[str] | None = None) -> int:
         f"{', channels-last' if args.channels_last else ''}"
     )
     start = time.perf_counter()
-    before = len(trainer.history.epochs)
-    trainer.fit(train_loader, epochs, val_loader=test_loader if args.eval_every_epoch else None)
-    last = trainer.history.epochs[-1] if len(trainer.history.epochs) > before else {}
-    if "val_acc" in last:  # the last epoch already evaluated the final model on the test set
-        result = {"acc": last["val_acc"], "loss": last["val_loss"], "n": len(ds.x_test)}
-    else:
-        result = trainer.evaluate(test_loader)
+    result = _fit_and_test(args, trainer, train_loader, test_loader, epochs, len(ds.x_test))
     seconds = time.perf_counter() - start
     dist.print0(
         f"test accuracy {result['acc']:.2%} (loss {result['loss']:.4f}, "
         f"{result['n']} images) after {trainer.epoch} epochs in {seconds:.1f}s"
     )
     if info.is_main:
-        from . import metrics
-
-        metrics.emit(
-            {
-                "event": "final",
-                "test_acc": result["acc"],
-                "test_loss": result["loss"],
-                "seconds": seconds,
-                "epochs": trainer.epoch,
-                "world_size": info.world_size,
-            },
-            args.metrics,
-        )
-        if args.checkpoint:
-            Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
-            models.save(args.checkpoint, model, test_acc=result["acc"], epochs=trainer.epoch)
-            print(f"saved {args.checkpoint}", flush=True)
+        _save(args, model, trainer, result, seconds, info.world_size)
     dist.shutdown()
     return 0
+
+
+def _model(
+    args: argparse.Namespace, arch: str, ds: data.Dataset, info: dist.DistInfo
+) -> torch.nn.Module:
+    kwargs = {"in_channels": ds.x_train.shape[1], "num_classes": len(ds.classes)}
+    if args.width is not None:
+        kwargs["width"] = args.width
+    model = models.build(arch, **kwargs).to(info.device)
+    if args.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def _loaders(
+    args: argparse.Namespace, ds: data.Dataset, info: dist.DistInfo
+) -> tuple[TensorLoader, TensorLoader]:
+    """This rank's shard of the training set (shuffled, even) and of the test set
+    (uneven shards: every test image is evaluated exactly once)."""
+    augment = args.augment if args.augment is not None else args.dataset != "fashion-mnist"
+    shard = {"rank": info.rank, "world_size": info.world_size, "device": info.device}
+    train = TensorLoader.from_dataset(
+        ds,
+        "train",
+        args.batch_size,
+        shuffle=True,
+        seed=args.seed,
+        augment=augment,
+        drop_last=True,
+        channels_last=args.channels_last,
+        **shard,
+    )
+    test = TensorLoader.from_dataset(
+        ds,
+        "test",
+        1024,
+        shuffle=False,
+        even_shards=False,
+        channels_last=args.channels_last,
+        **shard,
+    )
+    return train, test
+
+
+def _trainer(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    info: dist.DistInfo,
+    steps: int,
+    steps_per_epoch: int,
+    bf16: bool,
+) -> tuple[Trainer, float]:
+    """The trainer, with SGD at the rate scaled for the world size (and that rate)."""
+    rule = "none" if args.no_lr_scaling else args.lr_scaling
+    lr = optim.scale_lr(args.lr, args.batch_size, args.batch_size * info.world_size, rule)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=lr,
+        momentum=args.momentum,
+        nesterov=args.momentum > 0,
+        weight_decay=args.weight_decay,
+    )
+    warm = min(steps, max(1, int(args.warmup_epochs * steps_per_epoch)))
+    schedule = optim.lambda_lr(
+        optimizer,
+        optim.lr_schedule(  # from the one-process rate
+            steps, warmup_steps=warm, warmup_start=args.lr / lr, decay="cosine"
+        ),
+    )
+    trainer = Trainer(
+        DDP(model) if info.distributed else model,
+        optimizer,
+        scheduler=schedule,
+        max_seconds=args.max_seconds,
+        progress=args.progress,
+        metrics_path=args.metrics,
+        checkpoint_path=args.epoch_checkpoint,
+        loss_fn=torch.nn.CrossEntropyLoss(label_smoothing=args.label_smoothing),
+        autocast_dtype=torch.bfloat16 if bf16 else None,
+    )
+    return trainer, lr
+
+
+def _fit_and_test(
+    args: argparse.Namespace,
+    trainer: Trainer,
+    train_loader: TensorLoader,
+    test_loader: TensorLoader,
+    epochs: int,
+    n_test: int,
+) -> dict:
+    """Train, then the test accuracy of the final model."""
+    before = len(trainer.history.epochs)
+    trainer.fit(train_loader, epochs, val_loader=test_loader if args.eval_every_epoch else None)
+    last = trainer.history.epochs[-1] if len(trainer.history.epochs) > before else {}
+    if "val_acc" in last:  # the last epoch already evaluated the final model on the test set
+        return {"acc": last["val_acc"], "loss": last["val_loss"], "n": n_test}
+    return trainer.evaluate(test_loader)
+
+
+def _save(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    trainer: Trainer,
+    result: dict,
+    seconds: float,
+    world_size: int,
+) -> None:
+    """Rank 0: the final record in the metrics, and the checkpoint."""
+    from . import metrics
+
+    metrics.emit(
+        {
+            "event": "final",
+            "test_acc": result["acc"],
+            "test_loss": result["loss"],
+            "seconds": seconds,
+            "epochs": trainer.epoch,
+            "world_size": world_size,
+        },
+        args.metrics,
+    )
+    if args.checkpoint:
+        Path(args.checkpoint).parent.mkdir(parents=True, exist_ok=True)
+        models.save(args.checkpoint, model, test_acc=result["acc"], epochs=trainer.epoch)
+        print(f"saved {args.checkpoint}", flush=True)
 
 
 if __name__ == "__main__":

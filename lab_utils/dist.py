@@ -26,12 +26,11 @@ import functools
 import gc
 import io
 import os
-import socket
 import sys
 import types
 import weakref
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -41,6 +40,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from . import metrics, profile
+from .net import free_port
 
 DEFAULT_TIMEOUT_S = 120.0
 
@@ -155,12 +155,6 @@ def _slurm_tasks_here(env: dict[str, str], size: int) -> int:
     return counts[node] if node < len(counts) else size
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
     """Translate the launcher's environment into the variables ``init_process_group`` reads.
 
@@ -178,7 +172,7 @@ def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
     le = detect(target)
     if le.launcher == "single":
         le = LaunchEnv(
-            "single", 0, 1, 0, 1, le.master_addr or "127.0.0.1", le.master_port or _free_port(), ""
+            "single", 0, 1, 0, 1, le.master_addr or "127.0.0.1", le.master_port or free_port(), ""
         )
     values = {
         "RANK": le.rank,
@@ -190,11 +184,16 @@ def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
     }
     for name, value in values.items():
         target.setdefault(name, str(value))
-    if le.local_world_size == le.world_size:
-        # One machine: Gloo talks over loopback even where the default interface is odd
-        # (containers); multi-node jobs must set GLOO_SOCKET_IFNAME themselves.
-        target.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    gloo_on_loopback(le, target)
     return le
+
+
+def gloo_on_loopback(le: LaunchEnv, env: MutableMapping[str, str]) -> None:
+    """On one machine, Gloo talks over loopback (``GLOO_SOCKET_IFNAME=lo``) even where
+    the default interface is odd (containers); a job that spans machines, or a value
+    already set, is left alone: a multi-node job names its interface itself."""
+    if le.local_world_size == le.world_size:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
 _info: DistInfo | None = None
@@ -239,10 +238,8 @@ def init(
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         _info = DistInfo(0, 1, 0, 1, backend, device, le.launcher)
         return _info
-    if backend == "gloo" and le.local_world_size == le.world_size:
-        # One machine: talk over loopback even where the default interface is odd
-        # (containers); multi-node jobs must set GLOO_SOCKET_IFNAME themselves.
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if backend == "gloo":
+        gloo_on_loopback(le, os.environ)
     os.environ.setdefault("MASTER_ADDR", str(le.master_addr))
     os.environ.setdefault("MASTER_PORT", str(le.master_port))
     wait = timedelta(seconds=timeout_s or default_timeout_s())

@@ -13,6 +13,7 @@ stop button) or a crashed rank ends the whole process tree: nothing is left behi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import queue
@@ -24,12 +25,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import metrics as lmetrics
+from .net import free_port
 
 LAUNCHERS = ("torchrun", "horovodrun", "mpirun", "python")
 
@@ -54,6 +56,7 @@ class LaunchResult:
     timed_out: bool = False
     interrupted: bool = False
     lines: list[tuple[int | None, str]] = field(default_factory=list)
+    line_count: int = 0  # lines printed in all (``lines`` may keep only the last ones)
     metrics: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -178,87 +181,94 @@ def command(
     forwarded with ``-x`` so they also reach ranks on other machines.
     """
     env = os.environ if env is None else env
-    args = [str(a) for a in args]
-    target = ["-m", str(script)] if module else [str(script)]
-    py = sys.executable
+    program = [*(["-m", str(script)] if module else [str(script)]), *map(str, args)]
     if launcher == "torchrun":
-        # --standalone picks a free local rendezvous; a multi-node job brings its own.
-        multi = any(
-            a.split("=")[0]
-            in ("--nnodes", "--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr")
-            for a in launcher_args
-        )
-        alone = [] if multi else ["--standalone"]
-        return [
-            py,
-            "-m",
-            "torch.distributed.run",
-            *alone,
-            f"--nproc-per-node={nprocs}",
-            "--tee=3",
-            *launcher_args,
-            *target,
-            *args,
-        ]
+        return _torchrun(nprocs, program, launcher_args)
     if launcher == "horovodrun":
-        return [
-            _bin("horovodrun"),
-            "-np",
-            str(nprocs),
-            "-H",
-            f"localhost:{nprocs}",
-            "--gloo",
-            *launcher_args,
-            py,
-            *target,
-            *args,
-        ]
+        return _horovodrun(nprocs, program, launcher_args)
     if launcher == "mpirun":
-        root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
-        exported = []
-        for var in (
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            lmetrics.ENV_VAR,
-            "LABS_PROFILE",
-            "LABS_DIST_TIMEOUT",
-            "OMP_NUM_THREADS",
-            "PYTHONPATH",
-            "LABS_DATA",
-            "LABS_CACHE",
-            "LABS_RUNS",
-            "GLOO_SOCKET_IFNAME",
-        ):
-            if var in env:
-                exported += ["-x", var]
-        return [
-            _bin("mpirun"),
-            "-np",
-            str(nprocs),
-            *root,
-            "--oversubscribe",
-            "--bind-to",
-            "none",
-            "--tag-output",
-            *exported,
-            *launcher_args,
-            py,
-            *target,
-            *args,
-        ]
+        return _mpirun(nprocs, program, launcher_args, env)
     if launcher == "python":
         if nprocs != 1:
             raise ValueError("launcher 'python' runs a single process")
-        return [py, *target, *args]
+        return [sys.executable, *program]
     raise ValueError(f"unknown launcher {launcher!r}; choose one of {', '.join(LAUNCHERS)}")
 
 
-def _free_port() -> int:
-    import socket
+# Options of torchrun that mean the job brings its own (multi-node) rendezvous.
+_RENDEZVOUS_OPTIONS = (
+    "--nnodes",
+    "--rdzv-endpoint",
+    "--rdzv_endpoint",
+    "--master-addr",
+    "--master_addr",
+)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Variables mpirun forwards (-x) so that ranks on other machines see them too.
+_MPI_EXPORTED = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    lmetrics.ENV_VAR,
+    "LABS_PROFILE",
+    "LABS_DIST_TIMEOUT",
+    "OMP_NUM_THREADS",
+    "PYTHONPATH",
+    "LABS_DATA",
+    "LABS_CACHE",
+    "LABS_RUNS",
+    "GLOO_SOCKET_IFNAME",
+)
+
+
+def _torchrun(nprocs: int, program: list[str], launcher_args: Sequence[str]) -> list[str]:
+    # --standalone picks a free local rendezvous; a multi-node job brings its own.
+    multi = any(a.split("=")[0] in _RENDEZVOUS_OPTIONS for a in launcher_args)
+    alone = [] if multi else ["--standalone"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *alone,
+        f"--nproc-per-node={nprocs}",
+        "--tee=3",
+        *launcher_args,
+        *program,
+    ]
+
+
+def _horovodrun(nprocs: int, program: list[str], launcher_args: Sequence[str]) -> list[str]:
+    return [
+        _bin("horovodrun"),
+        "-np",
+        str(nprocs),
+        "-H",
+        f"localhost:{nprocs}",
+        "--gloo",
+        *launcher_args,
+        sys.executable,
+        *program,
+    ]
+
+
+def _mpirun(
+    nprocs: int, program: list[str], launcher_args: Sequence[str], env: Mapping[str, str]
+) -> list[str]:
+    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    exported = [opt for var in _MPI_EXPORTED if var in env for opt in ("-x", var)]
+    return [
+        _bin("mpirun"),
+        "-np",
+        str(nprocs),
+        *root,
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "--tag-output",
+        *exported,
+        *launcher_args,
+        sys.executable,
+        *program,
+    ]
 
 
 def job_env(
@@ -274,7 +284,7 @@ def job_env(
     out.setdefault("LABS_DIST_TIMEOUT", str(max(5, min(120, int(timeout * 0.8)))))
     if launcher == "mpirun":
         out.setdefault("MASTER_ADDR", "127.0.0.1")
-        out.setdefault("MASTER_PORT", str(_free_port()))
+        out.setdefault("MASTER_PORT", str(free_port()))
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
         out.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         out.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
@@ -285,8 +295,14 @@ def job_env(
     return out
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Ask the supervisor to end the tree; force it if it does not."""
+def supervised(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` under the supervisor :mod:`lab_utils.reaper`, which ends its whole tree."""
+    return [sys.executable, "-m", "lab_utils.reaper", "--", *cmd]
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End a job started by :func:`stream` (its whole process group): ask its
+    supervisor, which ends the tree; force the group if it does not within ``grace_s``."""
     if proc.poll() is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -297,6 +313,127 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+LineHook = Callable[[int | None, str], None]
+
+
+class _Output:
+    """The job's lines as they come: the last ``keep`` kept, each shown to ``on_line``."""
+
+    def __init__(self, keep: int | None, max_line: int | None, on_line: LineHook | None) -> None:
+        self.lines: collections.deque[tuple[int | None, str]] = collections.deque(maxlen=keep)
+        self.count = 0
+        self._max_line = max_line
+        self._on_line = on_line
+
+    def take(self, lines: Iterable[tuple[int | None, str]]) -> None:
+        for rank, text in lines:
+            if self._max_line is not None:
+                text = text[: self._max_line]
+            self.lines.append((rank, text))
+            self.count += 1
+            if self._on_line is not None:
+                self._on_line(rank, text)
+
+
+def _pump(proc: subprocess.Popen, chunks: queue.Queue[bytes]) -> None:
+    """Move the job's output into ``chunks``; an empty chunk says it ended."""
+    assert proc.stdout is not None
+    while data := os.read(proc.stdout.fileno(), 65536):
+        chunks.put(data)
+    chunks.put(b"")
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _follow(
+    chunks: queue.Queue[bytes], demux: RankDemux, out: _Output, start: float, timeout: float
+) -> bool:
+    """Read until the output ends (``False``) or ``timeout`` seconds pass (``True``)."""
+    while (left := timeout - (time.monotonic() - start)) > 0:
+        try:
+            data = chunks.get(timeout=min(left, 0.2))
+        except queue.Empty:
+            continue
+        if not data:
+            return False
+        out.take(demux.feed(_decode(data)))
+    return True
+
+
+def _drain(
+    chunks: queue.Queue[bytes], reader: threading.Thread, demux: RankDemux, out: _Output
+) -> None:
+    """Take what is left once the job is stopped (bounded: its writers are gone)."""
+    while True:
+        try:
+            data = chunks.get(timeout=0.5 if reader.is_alive() else 0)
+        except queue.Empty:
+            break
+        if not data:
+            break
+        out.take(demux.feed(_decode(data)))
+    out.take(demux.flush())
+
+
+def stream(
+    cmd: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    cwd: str | os.PathLike | None = None,
+    on_line: LineHook | None = None,
+    keep_lines: int | None = None,
+    max_line: int | None = None,
+    prefix: Sequence[str] = (),
+) -> LaunchResult:
+    """Run ``cmd`` under the supervisor, read its output live, wait at most ``timeout`` s.
+
+    Each line, split by rank (:class:`RankDemux`) and cut to ``max_line`` characters,
+    goes to ``on_line(rank, text)``; the result keeps the last ``keep_lines`` (``None``:
+    all). Output is read through a small queue, so a job that floods it waits for the
+    reader instead of filling memory. ``prefix`` goes before the supervisor (e.g. a
+    command that puts the job in a cgroup). On timeout a line ``launch: timed out ...``
+    is added and the whole tree is stopped; on ``KeyboardInterrupt`` too, then it is
+    re-raised. ``result.metrics`` is left empty (see :func:`run`).
+    """
+    result = LaunchResult(command=list(cmd), returncode=-1, elapsed=0.0)
+    out = _Output(keep_lines, max_line, on_line)
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        [*prefix, *supervised(cmd)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=cwd,
+        env=dict(env),
+        start_new_session=True,
+    )
+    chunks: queue.Queue[bytes] = queue.Queue(maxsize=16)
+    reader = threading.Thread(target=_pump, args=(proc, chunks), daemon=True)
+    reader.start()
+    demux = RankDemux()
+    try:
+        if _follow(chunks, demux, out, start, timeout):
+            result.timed_out = True
+            out.take([(None, f"launch: timed out after {timeout:g}s; stopping every process")])
+    except KeyboardInterrupt:
+        result.interrupted = True
+        raise
+    finally:
+        stop(proc)
+        _drain(chunks, reader, demux, out)
+        result.returncode = proc.wait()
+        result.elapsed = time.monotonic() - start
+        result.lines, result.line_count = list(out.lines), out.count
+    return result
+
+
+def _echo(rank: int | None, text: str) -> None:
+    print(_format(rank, text), flush=True)
 
 
 def run(
@@ -336,69 +473,10 @@ def run(
     job = job_env(launcher, env, threads_per_proc, timeout)
     job[lmetrics.ENV_VAR] = metrics_file
     cmd = command(launcher, nprocs, script, args, launcher_args, job, module)
-    result = LaunchResult(command=cmd, returncode=-1, elapsed=0.0)
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lab_utils.reaper", "--", *cmd],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-        env=job,
-        start_new_session=True,
-    )
-    chunks: queue.Queue[bytes] = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        while data := os.read(proc.stdout.fileno(), 65536):
-            chunks.put(data)
-        chunks.put(b"")
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    demux = RankDemux()
-
-    def take(lines: Iterator[tuple[int | None, str]]) -> None:
-        for rank, text in lines:
-            result.lines.append((rank, text))
-            if echo:
-                print(_format(rank, text), flush=True)
-
     try:
-        done = False
-        while not done:
-            left = timeout - (time.perf_counter() - start)
-            if left <= 0:
-                result.timed_out = True
-                take(
-                    iter([(None, f"launch: timed out after {timeout:g}s; stopping every process")])
-                )
-                _stop(proc)
-                break
-            try:
-                data = chunks.get(timeout=min(left, 0.2))
-            except queue.Empty:
-                continue
-            if data == b"":
-                done = True
-            else:
-                take(demux.feed(data.decode("utf-8", errors="replace")))
-    except KeyboardInterrupt:
-        result.interrupted = True
-        _stop(proc)
-        raise
-    finally:
-        _stop(proc)
-        reader.join(timeout=5)
-        while not chunks.empty():
-            data = chunks.get_nowait()
-            if data:
-                take(demux.feed(data.decode("utf-8", errors="replace")))
-        take(demux.flush())
-        result.returncode = proc.wait()
-        result.elapsed = time.perf_counter() - start
+        result = stream(cmd, env=job, cwd=cwd, timeout=timeout, on_line=_echo if echo else None)
         result.metrics = lmetrics.read(metrics_file)
+    finally:
         with contextlib.suppress(OSError):
             os.unlink(metrics_file)
     return result

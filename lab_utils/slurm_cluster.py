@@ -33,6 +33,7 @@ from pathlib import Path
 import psutil
 
 from . import daemons
+from .net import free_port
 
 TAG_VAR = "LABS_SLURM_CLUSTER"  # in the environment of the daemons and of every job
 PROGRAMS = (
@@ -66,12 +67,6 @@ def why_not() -> str | None:
     if os.geteuid() != 0:
         return "a test Slurm cluster runs its daemons as root (SlurmUser=root); run as root"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_name() -> str:

@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import urllib.request
@@ -31,6 +30,7 @@ from typing import Any
 import psutil
 
 from . import daemons
+from .net import free_port
 
 HOST = "127.0.0.1"
 
@@ -63,12 +63,6 @@ def java() -> str:
             "openjdk-17-jre-headless (run `make setup` as root)"
         )
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def get_json(url: str, timeout: float = 30.0) -> Any:

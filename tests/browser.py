@@ -12,7 +12,6 @@ import re
 import secrets
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from lab_utils.net import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
@@ -64,12 +65,6 @@ def make_lab_command() -> list[str]:
     return shlex.split(line)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Lab:
     url: str
@@ -101,7 +96,7 @@ def marked_processes(marker: str) -> list[psutil.Process]:
 def jupyter_lab(tmp: Path, timeout: float = 120) -> Iterator[Lab]:
     """JupyterLab started as ``make lab`` starts it, on its own port and token, with a
     fresh user folder (first start); stopped with all it started on the way out."""
-    port, token, marker = _free_port(), secrets.token_hex(16), secrets.token_hex(8)
+    port, token, marker = free_port(), secrets.token_hex(16), secrets.token_hex(8)
     home = tmp / "home"
     home.mkdir()
     env = dict(

@@ -177,3 +177,17 @@ def test_a_single_process_gets_a_group_only_when_asked(flag, expected):
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == expected
+
+
+def test_gloo_uses_loopback_on_one_machine_only():
+    one = dist.LaunchEnv("torchrun", 1, 2, 1, 2, "127.0.0.1", 29500, "")
+    two = dist.LaunchEnv("torchrun", 3, 4, 1, 2, "10.0.0.1", 29500, "")  # 2 ranks per machine
+    env: dict[str, str] = {}
+    dist.gloo_on_loopback(one, env)
+    assert env == {"GLOO_SOCKET_IFNAME": "lo"}
+    env = {}
+    dist.gloo_on_loopback(two, env)
+    assert env == {}  # a job across machines names its interface itself
+    env = {"GLOO_SOCKET_IFNAME": "eth0"}
+    dist.gloo_on_loopback(one, env)
+    assert env == {"GLOO_SOCKET_IFNAME": "eth0"}

@@ -138,3 +138,18 @@ def test_rank_demux_reassembles_split_writes(step):
         (0, "torchrun line"),
         (1, "horovod line"),
     ]
+
+
+def test_stream_keeps_the_last_lines_cut_and_shows_every_one():
+    seen: list[tuple[int | None, str]] = []
+    result = launch.stream(
+        [sys.executable, "-c", "for i in range(500): print(f'{i:03d}', 'x' * 50)"],
+        env=launch.job_env("python", None, 1, 30),
+        timeout=30,
+        on_line=lambda rank, text: seen.append((rank, text)),
+        keep_lines=10,
+        max_line=3,
+    )
+    assert result.ok and result.line_count == 500
+    assert seen == [(None, f"{i:03d}") for i in range(500)]
+    assert result.lines == seen[-10:]

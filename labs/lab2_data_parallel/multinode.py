@@ -11,18 +11,11 @@ real (over loopback).
 from __future__ import annotations
 
 import os
-import socket
 import threading
 from collections.abc import Mapping, Sequence
 
 from lab_utils import launch
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from lab_utils.net import free_port
 
 
 def node_args(
