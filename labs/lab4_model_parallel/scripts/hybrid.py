@@ -11,6 +11,7 @@ with one process training the unsplit model, and saves the whole model (rank 0).
 
 import argparse
 import contextlib
+import copy
 import logging
 import time
 import warnings
@@ -41,15 +42,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
-    world = labdist.detect().world_size
+def check_args(args: argparse.Namespace, world_size: int) -> int:
+    """Stop with a message, before any process group, on a mesh that cannot be built;
+    return the number of data-parallel groups."""
     parallel.require(
-        args.tp >= 1 and world % args.tp == 0,
-        f"--tp {args.tp} does not divide the process count {world}: a (data × tensor) "
+        args.tp >= 1 and world_size % args.tp == 0,
+        f"--tp {args.tp} does not divide the process count {world_size}: a (data × tensor) "
         f"mesh needs a multiple of {args.tp} processes",
     )
-    dp = world // args.tp
+    dp = world_size // args.tp
     parallel.require(
         args.heads % args.tp == 0, f"--tp {args.tp} does not divide --heads {args.heads}"
     )
@@ -57,29 +58,23 @@ def main() -> None:
         args.batch_size % dp == 0,
         f"--batch-size {args.batch_size} does not split over {dp} data-parallel groups",
     )
-    info = labdist.init()
-    rank, device = info.rank, info.device
-    mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
-    dp_rank = mesh.get_local_rank("dp")
-    data = parallel.corpus(args)
-    batches = [
-        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-        for s in range(args.steps)
-    ]
+    return dp
 
-    model = parallel.build_model(args).to(device)
-    reference = None
-    if rank == 0:
-        import copy
 
-        reference = copy.deepcopy(model)
+def split(model: torch.nn.Module, mesh, args: argparse.Namespace) -> torch.nn.Module:
+    """Split every block along "tp" (tensor_parallel.py's plan), then shard the layers
+    along "dp" with FSDP2 (when there is more than one data-parallel group)."""
     model = parallelize_module(model, mesh["tp"], tp_plan(args.layers))
-    if dp > 1:
+    if mesh["dp"].size() > 1:
         for layer in model.layers:
             fully_shard(layer, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    mine = slice(dp_rank * args.batch_size // dp, (dp_rank + 1) * args.batch_size // dp)
+    return model
+
+
+def train_hybrid(model, opt, batches: list, mine: slice) -> dict:
+    """Train on this data-parallel group's part of each batch: the step times, the bytes
+    of the last step's collectives, and the collectives of the first step."""
     seconds, comm, debug = [], {}, CommDebugMode()
     for step, (x, y) in enumerate(batches):
         start = time.perf_counter()
@@ -93,52 +88,93 @@ def main() -> None:
         comm = dict(seen)
         labdist.print0(f"step {step}: loss {loss.item():.3f}")
     counts = {str(k).split(".")[-1]: v for k, v in debug.get_comm_counts().items()}
-    per_rank = memory.state_bytes(model, opt)
-    state = {
+    return {"seconds": seconds, "comm": comm, "counts": counts}
+
+
+def whole_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The unsplit weights on every rank (every rank joins the gathers)."""
+    return {
         k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
         for k, v in model.state_dict().items()
     }
-    step_s = labdist.average(min(seconds[1:] or seconds))  # step 0 ran under CommDebugMode
-    if rank == 0:
-        ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
-        one_s = []
-        for x, y in batches:
-            start = time.perf_counter()
-            ref_opt.zero_grad()
-            parallel.lm_loss(reference(x), y).backward()
-            ref_opt.step()
-            one_s.append(time.perf_counter() - start)
-        err = parallel.relative_error(
-            state, {k: v.cpu() for k, v in reference.state_dict().items()}
-        )
-        psi = sum(q.numel() for q in reference.parameters())
-        metrics.emit(
-            {
-                "event": "hybrid",
-                "dp": dp,
-                "tp": args.tp,
-                "steps": args.steps,
-                "weights_rel_err": err,
-                "psi": psi,
-                "per_rank": per_rank,
-                "layers": args.layers,
-                "comm_bytes": comm,
-                "comm_counts": counts,
-                "step_s": step_s,
-                "one_process_step_s": min(one_s),
-            }
-        )
-        print(
-            f"mesh dp={dp} × tp={args.tp}: weights vs one process {err:.1e}; rank 0 holds "
-            f"{sum(per_rank.values()) / 2**20:.2f} MiB of state; {step_s * 1e3:.1f} ms per step "
-            f"(one process {min(one_s) * 1e3:.1f} ms); collectives {counts}, bytes {comm}",
-            flush=True,
-        )
+
+
+def train_one_process(reference: torch.nn.Module, batches: list, lr: float) -> float:
+    """The unsplit model trained on the whole batches: its best step time."""
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=lr)
+    one_s = []
+    for x, y in batches:
+        start = time.perf_counter()
+        ref_opt.zero_grad()
+        parallel.lm_loss(reference(x), y).backward()
+        ref_opt.step()
+        one_s.append(time.perf_counter() - start)
+    return min(one_s)
+
+
+def report(args, dp: int, run: dict, reference: torch.nn.Module, one_s: float) -> None:
+    """Rank 0: the weights against one process, the state held, times and collectives."""
+    err = parallel.relative_error(
+        run["state"], {k: v.cpu() for k, v in reference.state_dict().items()}
+    )
+    psi = sum(q.numel() for q in reference.parameters())
+    comm, counts, step_s, per_rank = run["comm"], run["counts"], run["step_s"], run["per_rank"]
+    metrics.emit(
+        {
+            "event": "hybrid",
+            "dp": dp,
+            "tp": args.tp,
+            "steps": args.steps,
+            "weights_rel_err": err,
+            "psi": psi,
+            "per_rank": per_rank,
+            "layers": args.layers,
+            "comm_bytes": comm,
+            "comm_counts": counts,
+            "step_s": step_s,
+            "one_process_step_s": one_s,
+        }
+    )
+    print(
+        f"mesh dp={dp} × tp={args.tp}: weights vs one process {err:.1e}; rank 0 holds "
+        f"{sum(per_rank.values()) / 2**20:.2f} MiB of state; {step_s * 1e3:.1f} ms per step "
+        f"(one process {one_s * 1e3:.1f} ms); collectives {counts}, bytes {comm}",
+        flush=True,
+    )
+
+
+def save(args: argparse.Namespace, state: dict, dp: int) -> None:
+    """Rank 0 saves the gathered weights as a plain, unsplit model."""
+    plain = parallel.build_model(args)
+    plain.load_state_dict(state)
+    models.save(args.checkpoint, plain, steps=args.steps, dp=dp, tp=args.tp)
+    print(f"saved {args.checkpoint}", flush=True)
+
+
+def main() -> None:
+    args = parse_args()
+    dp = check_args(args, labdist.detect().world_size)
+    info = labdist.init()
+    mesh = init_device_mesh(info.device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
+    dp_rank = mesh.get_local_rank("dp")
+    data = parallel.corpus(args)
+    batches = [
+        tuple(t.to(info.device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        for s in range(args.steps)
+    ]
+    model = parallel.build_model(args).to(info.device)
+    reference = copy.deepcopy(model) if info.rank == 0 else None
+    model = split(model, mesh, args)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    mine = slice(dp_rank * args.batch_size // dp, (dp_rank + 1) * args.batch_size // dp)
+    run = train_hybrid(model, opt, batches, mine)
+    run["per_rank"] = memory.state_bytes(model, opt)
+    run["state"] = whole_state(model)
+    run["step_s"] = labdist.average(min(run["seconds"][1:] or run["seconds"]))  # step 0 counted
+    if reference is not None:
+        report(args, dp, run, reference, train_one_process(reference, batches, args.lr))
         if args.checkpoint:
-            plain = parallel.build_model(args)
-            plain.load_state_dict(state)
-            models.save(args.checkpoint, plain, steps=args.steps, dp=dp, tp=args.tp)
-            print(f"saved {args.checkpoint}", flush=True)
+            save(args, run["state"], dp)
     labdist.shutdown()
 
 

@@ -70,9 +70,9 @@ class SumOverRanks(torch.autograd.Function):
         return grad
 
 
-def mlp_by_hand(x, fc1, fc2, rank: int, n: int):
+def mlp_by_hand(x, fc1, fc2, rank: int, world_size: int):
     """gelu(x W1ᵀ + b1) W2ᵀ + b2 with this rank's slice of fc1's rows and fc2's columns."""
-    cols = fc1.weight.shape[0] // n
+    cols = fc1.weight.shape[0] // world_size
     part = slice(rank * cols, (rank + 1) * cols)
     x = CopyToRanks.apply(x)
     partial = F.gelu(x @ fc1.weight[part].T + fc1.bias[part]) @ fc2.weight[:, part].T
@@ -123,61 +123,74 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main() -> None:
-    args = parse_args()
-    n = labdist.detect().world_size
+def check_args(args: argparse.Namespace, world_size: int) -> None:
+    """Stop with a message, before any process group, on heads that cannot be split."""
     parallel.require(
-        args.heads % n == 0,
-        f"{n} processes cannot split {args.heads} attention heads "
+        args.heads % world_size == 0,
+        f"{world_size} processes cannot split {args.heads} attention heads "
         f"evenly: use a process count that divides --heads {args.heads}",
     )
-    info = labdist.init(group_if_alone=True)
-    rank, device = info.rank, info.device
-    data = parallel.corpus(args)
-    x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step=0, seed=args.seed))
 
-    # -- 1. one MLP block, by hand and with DTensor, against the unsplit block
-    model = parallel.build_model(args).to(device)
+
+def backward(out: torch.Tensor, h: torch.Tensor) -> None:
+    """Backward of a loss on a block's output, from a fresh gradient of its input."""
+    h.grad = None
+    out.square().mean().backward()
+
+
+def grads_of(h: torch.Tensor, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The gradients of the block's input and parameters (whole tensors, also DTensors)."""
+    return {"x": h.grad.clone(), **{k: full(q.grad) for k, q in module.named_parameters()}}
+
+
+def mlp_split_by_hand(mlp: torch.nn.Module, h: torch.Tensor, info: labdist.DistInfo) -> tuple:
+    """The block with Megatron's f and g written out: output and gradients."""
+    hand = copy.deepcopy(mlp)
+    out = mlp_by_hand(h, hand.fc1, hand.fc2, info.rank, info.world_size)
+    backward(out, h)
+    grads = grads_of(h, hand)
+    for name, g in grads.items():  # each rank has the gradient of its slice only: add them up
+        if name not in ("x", "fc2.bias"):
+            dist.all_reduce(g)
+    return out, grads
+
+
+def mlp_split_by_dtensor(mlp: torch.nn.Module, h: torch.Tensor, mesh) -> tuple:
+    """The block split by parallelize_module: output, gradients and the collectives run."""
+    lib = parallelize_module(
+        copy.deepcopy(mlp), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    )
+    with CommDebugMode() as comm:
+        out = lib(h)
+        backward(out, h)
+    return out, grads_of(h, lib), comm_counts(comm)
+
+
+def error(out: torch.Tensor, grads: dict, out_ref: torch.Tensor, grads_ref: dict) -> float:
+    """The larger relative error of the output and of the gradients."""
+    return max(
+        parallel.relative_error({"out": out}, {"out": out_ref}),
+        parallel.relative_error(grads, grads_ref),
+    )
+
+
+def compare_mlp_block(model, x: torch.Tensor, mesh, info: labdist.DistInfo) -> int:
+    """Part 1: one MLP block split by hand and with DTensor against the unsplit block.
+    Returns the bytes of the block's output (one activation)."""
     block = model.layers[1]
     h = block.ln2(model.layers[0](x)).detach().requires_grad_()
     ref = copy.deepcopy(block.mlp)
     out_ref = ref(h)
-    out_ref.square().mean().backward()
-    grads_ref = {"x": h.grad.clone(), **{k: q.grad for k, q in ref.named_parameters()}}
-
-    h.grad = None
-    hand = copy.deepcopy(block.mlp)
-    out_hand = mlp_by_hand(h, hand.fc1, hand.fc2, rank, n)
-    out_hand.square().mean().backward()
-    grads_hand = {"x": h.grad.clone(), **{k: q.grad for k, q in hand.named_parameters()}}
-    if n > 1:  # each rank has the gradient of its slice only: add the slices up
-        for g in grads_hand.values():
-            if g is not grads_hand["x"] and g is not grads_hand["fc2.bias"]:
-                dist.all_reduce(g)
-    err_hand = max(
-        parallel.relative_error({"out": out_hand}, {"out": out_ref}),
-        parallel.relative_error(grads_hand, grads_ref),
-    )
-
-    mesh = init_device_mesh(device.type, (n,))
-    lib = parallelize_module(
-        copy.deepcopy(block.mlp), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
-    )
-    h.grad = None
-    with CommDebugMode() as comm:
-        out_lib = lib(h)
-        out_lib.square().mean().backward()
-    counts = comm_counts(comm)
-    grads_lib = {"x": h.grad.clone(), **{k: full(q.grad) for k, q in lib.named_parameters()}}
-    err_lib = max(
-        parallel.relative_error({"out": out_lib}, {"out": out_ref}),
-        parallel.relative_error(grads_lib, grads_ref),
-    )
+    backward(out_ref, h)
+    grads_ref = grads_of(h, ref)
+    err_hand = error(*mlp_split_by_hand(block.mlp, h, info), out_ref, grads_ref)
+    out_lib, grads_lib, counts = mlp_split_by_dtensor(block.mlp, h, mesh)
+    err_lib = error(out_lib, grads_lib, out_ref, grads_ref)
     act_bytes = out_ref.numel() * out_ref.element_size()
     metrics.emit(
         {
             "event": "mlp_block",
-            "procs": n,
+            "procs": info.world_size,
             "err_hand": err_hand,
             "err_dtensor": err_lib,
             "hand_bytes": dict(SENT),
@@ -186,17 +199,15 @@ def main() -> None:
         }
     )
     labdist.print0(
-        f"MLP block on {n} ranks: by hand error {err_hand:.1e}, parallelize_module "
+        f"MLP block on {info.world_size} ranks: by hand error {err_hand:.1e}, parallelize_module "
         f"error {err_lib:.1e}; all-reduced by hand {SENT}; DTensor collectives {counts}"
     )
+    return act_bytes
 
-    # -- 2. the whole transformer, tensor-parallel, trained against one process
-    reference = copy.deepcopy(model) if rank == 0 else None
-    separate = parallelize_module(
-        copy.deepcopy(model), mesh, tp_plan(args.layers, one_f_per_attention=False)
-    )
-    counts_separate = counted_step(separate, x, y)  # the plan without the shared f, not trained
-    del separate
+
+def train_tensor_parallel(model, mesh, args: argparse.Namespace, data, device) -> dict:
+    """Part 2: the whole transformer split by tp_plan, trained --steps steps. Returns the
+    whole weights, the best step time (mean over ranks) and the collectives of a step."""
     tp = parallelize_module(model, mesh, tp_plan(args.layers))
     # foreach=False: the model mixes DTensors (split layers) and plain tensors, and the
     # fused multi-tensor kernels used on GPUs refuse such a mix.
@@ -214,46 +225,88 @@ def main() -> None:
         labdist.print0(f"step {step}: loss {loss.item():.3f}")
     state = {k: full(v) for k, v in tp.state_dict().items()}  # every rank joins the gathers
     bare = tp_s[1:] or tp_s  # step 0 ran under CommDebugMode
-    step_s = labdist.average(min(bare)) if n > 1 else min(bare)
-    if rank == 0:
-        ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
-        one_s = []
-        for step in range(args.steps):
-            xs, ys = (
-                t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed)
-            )
-            start = time.perf_counter()
-            ref_opt.zero_grad()
-            parallel.lm_loss(reference(xs), ys).backward()
-            ref_opt.step()
-            one_s.append(time.perf_counter() - start)
-        err = parallel.relative_error(state, reference.state_dict())
-        metrics.emit(
-            {
-                "event": "tp_train",
-                "procs": n,
-                "steps": args.steps,
-                "layers": args.layers,
-                "weights_rel_err": err,
-                "step_s": step_s,
-                "one_process_step_s": min(one_s),
-                "comm_counts": comm_counts(debug),
-                "comm_counts_separate_qkv": counts_separate,
-                "activation_bytes": act_bytes,
-            }
-        )
-        print(
-            f"after {args.steps} Adam steps: weights differ from one process by {err:.1e} "
-            f"(relative); step {step_s * 1e3:.1f} ms on {n} ranks vs {min(one_s) * 1e3:.1f} "
-            f"ms on one; collectives of a step {comm_counts(debug)} (q, k, v each on their own: "
-            f"{counts_separate})",
-            flush=True,
-        )
+    return {"state": state, "step_s": labdist.average(min(bare)), "counts": comm_counts(debug)}
+
+
+def train_one_process(reference, args: argparse.Namespace, data, device) -> float:
+    """The unsplit model trained on the same batches: its best step time."""
+    ref_opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
+    one_s = []
+    for step in range(args.steps):
+        xs, ys = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))
+        start = time.perf_counter()
+        ref_opt.zero_grad()
+        parallel.lm_loss(reference(xs), ys).backward()
+        ref_opt.step()
+        one_s.append(time.perf_counter() - start)
+    return min(one_s)
+
+
+def report_training(
+    args: argparse.Namespace,
+    tp: dict,
+    reference: torch.nn.Module,
+    one_s: float,
+    counts_separate: dict[str, int],
+    act_bytes: int,
+) -> None:
+    """Rank 0: how far the split training ended from one process's, and its collectives."""
+    err = parallel.relative_error(tp["state"], reference.state_dict())
+    world_size = labdist.world_size()
+    metrics.emit(
+        {
+            "event": "tp_train",
+            "procs": world_size,
+            "steps": args.steps,
+            "layers": args.layers,
+            "weights_rel_err": err,
+            "step_s": tp["step_s"],
+            "one_process_step_s": one_s,
+            "comm_counts": tp["counts"],
+            "comm_counts_separate_qkv": counts_separate,
+            "activation_bytes": act_bytes,
+        }
+    )
+    print(
+        f"after {args.steps} Adam steps: weights differ from one process by {err:.1e} "
+        f"(relative); step {tp['step_s'] * 1e3:.1f} ms on {world_size} ranks vs "
+        f"{one_s * 1e3:.1f} ms on one; collectives of a step {tp['counts']} (q, k, v each "
+        f"on their own: {counts_separate})",
+        flush=True,
+    )
+
+
+def save(args: argparse.Namespace, state: dict) -> None:
+    """Rank 0 saves the gathered weights as a plain, unsplit model."""
+    plain = parallel.build_model(args)
+    plain.load_state_dict(state)
+    models.save(args.checkpoint, plain, steps=args.steps, tensor_parallel=labdist.world_size())
+    print(f"saved {args.checkpoint}", flush=True)
+
+
+def main() -> None:
+    args = parse_args()
+    check_args(args, labdist.detect().world_size)
+    info = labdist.init(group_if_alone=True)
+    device = info.device
+    data = parallel.corpus(args)
+    x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step=0, seed=args.seed))
+    model = parallel.build_model(args).to(device)
+    mesh = init_device_mesh(device.type, (info.world_size,))
+    act_bytes = compare_mlp_block(model, x, mesh, info)
+
+    reference = copy.deepcopy(model) if info.rank == 0 else None
+    separate = parallelize_module(
+        copy.deepcopy(model), mesh, tp_plan(args.layers, one_f_per_attention=False)
+    )
+    counts_separate = counted_step(separate, x, y)  # the plan without the shared f, not trained
+    del separate
+    tp = train_tensor_parallel(model, mesh, args, data, device)
+    if reference is not None:
+        one_s = train_one_process(reference, args, data, device)
+        report_training(args, tp, reference, one_s, counts_separate, act_bytes)
         if args.checkpoint:
-            plain = parallel.build_model(args)
-            plain.load_state_dict(state)
-            models.save(args.checkpoint, plain, steps=args.steps, tensor_parallel=n)
-            print(f"saved {args.checkpoint}", flush=True)
+            save(args, tp["state"])
     labdist.shutdown()
 
 
