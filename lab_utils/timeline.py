@@ -361,6 +361,9 @@ class Replay:
     critical: list[tuple[int, str, int]]
 
 
+Block = tuple[int, str, int]  # (stage, kind, micro-batch)
+
+
 def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence]) -> Replay:
     """Replay ``schedule`` from the measured durations of each block and the median
     measured overhead per (stage, kind) (:func:`leads`), starting when the measured step
@@ -369,25 +372,42 @@ def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence
     (:func:`schedule_actions`). A measured timeline whose stages idle only because of
     the schedule and these costs has (up to the run's spread) the replay's bubble."""
     ev = _events(events)
-    n = _n_stages(ev)
+    orders = _replay_orders(ev, schedule)
     measured = {e.key: e for e in ev}
-    lead = {key: float(np.median(v)) for key, v in leads(ev).items()}
-    if isinstance(schedule, str):
-        p = len({e.rank for e in ev})
-        m = sum(1 for e in ev if e.rank == ev[0].rank and e.kind == "F")
-        orders = {r: [(r, k, i) for k, i in schedule_order(schedule, p, m, r)] for r in range(p)}
-    else:
-        orders = {int(r): [tuple(a) for a in acts] for r, acts in schedule.items()}
-        p = len(orders)
-    t0 = span(ev)[0]
-    placed: dict[tuple[int, str, int], Event] = {}
-    after: dict[tuple[int, str, int], tuple[int, str, int] | None] = {}
-    nxt = dict.fromkeys(orders, 0)
-    if sum(len(o) for o in orders.values()) != len(measured):
+    blocks = sum(len(o) for o in orders.values())
+    if blocks != len(measured):
         raise ValueError(
-            f"the schedule has {sum(len(o) for o in orders.values())} blocks, the "
+            f"the schedule has {blocks} blocks, the "
             f"timeline {len(measured)}: the timeline is not this schedule's"
         )
+    placed, after = _place_blocks(ev, orders, measured, schedule)
+    return Replay(
+        list(placed.values()), bubble_fraction(list(placed.values())), _critical(placed, after)
+    )
+
+
+def _replay_orders(ev: list[Event], schedule: str | Mapping[int, Sequence]) -> dict[int, list]:
+    """Per rank, the blocks in the order the schedule runs them."""
+    if not isinstance(schedule, str):
+        return {int(r): [tuple(a) for a in acts] for r, acts in schedule.items()}
+    p = len({e.rank for e in ev})
+    m = sum(1 for e in ev if e.rank == ev[0].rank and e.kind == "F")
+    return {r: [(r, k, i) for k, i in schedule_order(schedule, p, m, r)] for r in range(p)}
+
+
+def _place_blocks(
+    ev: list[Event],
+    orders: dict[int, list],
+    measured: dict[Block, Event],
+    schedule: object,
+) -> tuple[dict[Block, Event], dict[Block, Block | None]]:
+    """Each block starts when the later of its rank's previous block and the block it
+    waits for ends, plus the measured overhead; ``after`` says which of the two it was."""
+    n, p, t0 = _n_stages(ev), len(orders), span(ev)[0]
+    lead = {key: float(np.median(v)) for key, v in leads(ev).items()}
+    placed: dict[Block, Event] = {}
+    after: dict[Block, Block | None] = {}
+    nxt = dict.fromkeys(orders, 0)
     while len(placed) < len(measured):
         progressed = False
         for r in orders:
@@ -402,14 +422,9 @@ def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence
                 (k for k in (prev, dep) if k is not None), key=lambda k: placed[k].end, default=None
             )
             start = placed[bound].end + lead.get((stage, kind), 0.0) if bound else t0
-            placed[key] = Event(
-                r,
-                kind,
-                mb,
-                start,
-                start + measured[key].end - measured[key].start,
-                stage=stage if stage != r or n != p else -1,
-            )
+            length = measured[key].end - measured[key].start
+            shown_stage = stage if stage != r or n != p else -1
+            placed[key] = Event(r, kind, mb, start, start + length, stage=shown_stage)
             after[key] = bound
             nxt[r] += 1
             progressed = True
@@ -418,11 +433,16 @@ def replay(events: Sequence[Event | dict], schedule: str | Mapping[int, Sequence
                 f"{schedule} cannot order these blocks (a block waits for one "
                 "that never runs): the timeline is not this schedule's"
             )
+    return placed, after
+
+
+def _critical(placed: dict[Block, Event], after: dict[Block, Block | None]) -> list[Block]:
+    """The chain of blocks, each waiting on the one before, that ends last."""
     path, key = [], max(placed, key=lambda k: placed[k].end)
     while key is not None:
         path.append(key)
         key = after[key]
-    return Replay(list(placed.values()), bubble_fraction(list(placed.values())), path[::-1])
+    return path[::-1]
 
 
 def replay_noise(events: Sequence[Event | dict], result: Replay) -> float:

@@ -241,67 +241,95 @@ class Trainer:
         return self.history
 
     def _train_epoch(self, loader: Iterable, epochs: int, bar: Any) -> dict[str, float]:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(self.epoch)
-        self._call("on_epoch_start", self.epoch)
-        self.model.train()
+        n_batches = self._start_epoch(loader, epochs, bar)
         sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, n
         step_losses: list[torch.Tensor] = []
         step_lrs: list[float] = []
         micro = 0
-        n_batches = len(loader) if hasattr(loader, "__len__") else None
-        if bar is not None and n_batches is not None:  # a callback may have grown the batch
-            bar.total = bar.n + math.ceil(n_batches / self.grad_accum_steps) * (epochs - self.epoch)
-            bar.refresh()
         for i, (xb, yb) in enumerate(loader):
-            xb = xb.to(self.device, non_blocking=True)
-            yb = yb.to(self.device, non_blocking=True)
             micro += 1
             last_micro = micro == self.grad_accum_steps or (
                 n_batches is not None and i == n_batches - 1
             )
-            # The mean over the group's micro-batches; a short last group (the epoch's
-            # batches do not divide evenly) averages over fewer, not over a full group.
-            group = self.grad_accum_steps
-            if n_batches is not None:
-                group = min(group, n_batches - (i // self.grad_accum_steps) * self.grad_accum_steps)
-            sync = contextlib.nullcontext()
-            if not last_micro and hasattr(self.model, "no_sync"):
-                sync = self.model.no_sync()  # DDP: accumulate locally, all-reduce once
-            with sync:
-                with _autocast(self.device, self.autocast_dtype):
-                    out = self.model(xb)
-                    loss = self.loss_fn(out.float(), yb)
-                (loss / group).backward()
-            with torch.no_grad():
-                sums[0] += loss.detach().double() * yb.shape[0]
-                sums[1] += (out.argmax(1) == yb).sum()
-                sums[2] += yb.shape[0]
+            loss = self._micro_batch(xb, yb, self._group_size(i, n_batches), last_micro, sums)
             if not last_micro:
                 continue
             micro = 0
             step_lrs.append(self.optimizer.param_groups[0]["lr"])  # the LR this step used
             self._optimizer_step()
             step_losses.append(loss.detach())
-            self._call("on_batch_end", self.step, loss.detach())
-            if bar is not None:
-                bar.update(1)
-            if self.step % self.sync_every == 0:
-                self._check_finite(loss.detach())
-                self._agree_to_stop()
-                if bar is not None:
-                    bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss.item():.4f}")
+            self._after_step(loss.detach(), bar)
             if self.stop_training:
                 break
         if micro:  # a loader without a length ended inside a group: step what it has
             step_lrs.append(self.optimizer.param_groups[0]["lr"])
             self._optimizer_step()
             step_losses.append(loss.detach())
+        self._record_steps(step_losses, step_lrs)
+        return self._end_epoch(sums, step_lrs)
+
+    def _start_epoch(self, loader: Iterable, epochs: int, bar: Any) -> int | None:
+        """Tells the loader and the callbacks; returns the loader's length if it has one."""
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(self.epoch)
+        self._call("on_epoch_start", self.epoch)
+        self.model.train()
+        n_batches = len(loader) if hasattr(loader, "__len__") else None
+        if bar is not None and n_batches is not None:  # a callback may have grown the batch
+            bar.total = bar.n + math.ceil(n_batches / self.grad_accum_steps) * (epochs - self.epoch)
+            bar.refresh()
+        return n_batches
+
+    def _group_size(self, i: int, n_batches: int | None) -> int:
+        """How many micro-batches the step of batch ``i`` averages: a short last group (the
+        epoch's batches do not divide evenly) averages over fewer, not over a full group."""
+        group = self.grad_accum_steps
+        if n_batches is not None:
+            group = min(group, n_batches - (i // self.grad_accum_steps) * self.grad_accum_steps)
+        return group
+
+    def _micro_batch(
+        self, xb: torch.Tensor, yb: torch.Tensor, group: int, last_micro: bool, sums: torch.Tensor
+    ) -> torch.Tensor:
+        """Forward and backward of one micro-batch (its share of the group's mean), adding
+        its loss, correct count and size to ``sums``; returns its loss."""
+        xb = xb.to(self.device, non_blocking=True)
+        yb = yb.to(self.device, non_blocking=True)
+        sync = contextlib.nullcontext()
+        if not last_micro and hasattr(self.model, "no_sync"):
+            sync = self.model.no_sync()  # DDP: accumulate locally, all-reduce once
+        with sync:
+            with _autocast(self.device, self.autocast_dtype):
+                out = self.model(xb)
+                loss = self.loss_fn(out.float(), yb)
+            (loss / group).backward()
+        with torch.no_grad():
+            sums[0] += loss.detach().double() * yb.shape[0]
+            sums[1] += (out.argmax(1) == yb).sum()
+            sums[2] += yb.shape[0]
+        return loss
+
+    def _after_step(self, loss: torch.Tensor, bar: Any) -> None:
+        """Callbacks and the progress bar; every ``sync_every`` steps the ranks check the
+        loss is finite and agree whether to stop."""
+        self._call("on_batch_end", self.step, loss)
+        if bar is not None:
+            bar.update(1)
+        if self.step % self.sync_every == 0:
+            self._check_finite(loss)
+            self._agree_to_stop()
+            if bar is not None:
+                bar.set_postfix(epoch=self.epoch + 1, loss=f"{loss.item():.4f}")
+
+    def _record_steps(self, step_losses: list[torch.Tensor], step_lrs: list[float]) -> None:
+        """The epoch's per-step loss and LR into the history (one device sync for all)."""
         first = self.step - len(step_losses) + 1
-        for k, (lo, lr) in enumerate(
-            zip(torch.stack(step_losses).tolist() if step_losses else [], step_lrs)
-        ):
+        losses = torch.stack(step_losses).tolist() if step_losses else []
+        for k, (lo, lr) in enumerate(zip(losses, step_lrs)):
             self.history.steps.append({"step": first + k, "loss": lo, "lr": lr})
+
+    def _end_epoch(self, sums: torch.Tensor, step_lrs: list[float]) -> dict[str, float]:
+        """The epoch's loss and accuracy over every rank's samples."""
         self._check_finite(sums[0])
         loss_sum, correct, n = ldist.all_reduce_sum(sums).tolist()
         self.epoch += 1

@@ -203,12 +203,29 @@ def check_neuron_gradient(fn: Callable) -> None:
 
 def check_minibatch_sgd(fn: Callable) -> None:
     """``fn(X, y, θ₀, lr, batch_size, epochs, seed) -> path`` (one row per update + start)."""
-    what = "minibatch_sgd"
+    _minibatch_full_batch_is_gd(fn)
+    _minibatch_keeps_the_last_batch(fn)
+    _minibatch_converges_without_noise(fn)
+    _minibatch_takes_a_schedule(fn)
+
+
+_MINIBATCH = "minibatch_sgd"
+# Noise-free data: every per-sample gradient vanishes at the optimum, so SGD with a
+# constant step converges to it exactly.
+_NOISE_FREE_THETA = np.array([1.5, -2.0, 0.7])
+
+
+def _noise_free_case() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(6)
+    X = rng.normal(size=(64, 2))
+    return X, X @ _NOISE_FREE_THETA[:2] + _NOISE_FREE_THETA[2]
+
+
+def _minibatch_full_batch_is_gd(fn: Callable) -> None:
+    what = _MINIBATCH
     X, y = _case(n=10, d=2, seed=5)
     theta0 = np.zeros(3)
-    n = len(y)
-
-    got = _array(fn(X.copy(), y.copy(), theta0.copy(), 0.02, n, 3, seed=0), what)
+    got = _array(fn(X.copy(), y.copy(), theta0.copy(), 0.02, len(y), 3, seed=0), what)
     expected = regression.gd_path(X, y, theta0, 0.02, 3)
     if got.shape != expected.shape:
         fail(
@@ -224,8 +241,13 @@ def check_minibatch_sgd(fn: Callable) -> None:
         hint="each update is θ ← θ − lr · mse_gradient(X[idx], y[idx], θ) on the batch's rows",
     )
 
-    B, epochs = 3, 2
-    got = _array(fn(X.copy(), y.copy(), theta0.copy(), 0.02, B, epochs, seed=0), what)
+
+def _minibatch_keeps_the_last_batch(fn: Callable) -> None:
+    """ceil(n/B) updates per epoch, and the same path for the same seed."""
+    what = _MINIBATCH
+    X, y = _case(n=10, d=2, seed=5)
+    n, B, epochs = len(y), 3, 2
+    got = _array(fn(X.copy(), y.copy(), np.zeros(3), 0.02, B, epochs, seed=0), what)
     want_rows = epochs * regression.updates_per_epoch(n, B) + 1
     if got.shape[0] == epochs * (n // B) + 1:
         fail(
@@ -239,7 +261,7 @@ def check_minibatch_sgd(fn: Callable) -> None:
         detail=f"shape {got.shape}, expected {(want_rows, 3)}",
         hint="return θ₀ plus one row per update, as np.array(path)",
     )
-    again = _array(fn(X.copy(), y.copy(), theta0.copy(), 0.02, B, epochs, seed=0), what)
+    again = _array(fn(X.copy(), y.copy(), np.zeros(3), 0.02, B, epochs, seed=0), what)
     same = bool(np.array_equal(got, again))
     that(
         same,
@@ -248,28 +270,29 @@ def check_minibatch_sgd(fn: Callable) -> None:
         hint="draw the shuffle from np.random.default_rng(seed), not the global RNG",
     )
 
-    # Noise-free data: every per-sample gradient vanishes at the optimum, so SGD with a
-    # constant step converges to it exactly.
-    rng = np.random.default_rng(6)
-    Xc = rng.normal(size=(64, 2))
-    yc = Xc @ np.array([1.5, -2.0]) + 0.7
-    path = _array(fn(Xc, yc, np.zeros(3), 0.05, 4, 40, seed=1), what)
+
+def _minibatch_converges_without_noise(fn: Callable) -> None:
+    X, y = _noise_free_case()
+    path = _array(fn(X, y, np.zeros(3), 0.05, 4, 40, seed=1), _MINIBATCH)
     close(
         path[-1],
-        np.array([1.5, -2.0, 0.7]),
+        _NOISE_FREE_THETA,
         rtol=1e-3,
-        what=what + " converges on noise-free data",
+        what=_MINIBATCH + " converges on noise-free data",
         hint="shuffle once per epoch with rng.permutation(n) and visit every sample",
     )
 
+
+def _minibatch_takes_a_schedule(fn: Callable) -> None:
     def first_step_only(step: int) -> float:
         return 0.05 if step == 0 else 0.0
 
-    path = _array(fn(Xc, yc, np.zeros(3), first_step_only, 8, 1, seed=0), what)
+    X, y = _noise_free_case()
+    path = _array(fn(X, y, np.zeros(3), first_step_only, 8, 1, seed=0), _MINIBATCH)
     moved_once = bool(np.allclose(path[1:], path[1]) and not np.allclose(path[1], 0.0))
     that(
         moved_once,
-        what=what + " accepts a schedule lr(step)",
+        what=_MINIBATCH + " accepts a schedule lr(step)",
         detail=""
         if moved_once
         else "with lr(0)=0.05 and lr(t)=0 afterwards θ should move once, then stay",

@@ -30,10 +30,12 @@ def _claim(ok: bool, *, what: str, detail: str, asserted: bool, hint: str = "") 
 
 
 # --------------------------------------------------------------------------- exercises
+_ADAM = "adam_server_update = torch.optim.Adam on the averaged gradient"
+
+
 def check_adam_server_update(fn: Callable, steps: int = 6, workers: int = 3) -> None:
     """``fn(param, grads, m, v, step, lr, betas, eps)`` equals ``torch.optim.Adam`` on the
     averaged gradient, step after step (the synchronous parameter server's update)."""
-    what = "adam_server_update = torch.optim.Adam on the averaged gradient"
     g = torch.Generator().manual_seed(5)
     lr, betas, eps = 0.01, (0.9, 0.99), 1e-8
     ref = torch.randn(7, 3, generator=g).requires_grad_()
@@ -42,56 +44,74 @@ def check_adam_server_update(fn: Callable, steps: int = 6, workers: int = 3) -> 
     m, v = torch.zeros_like(param), torch.zeros_like(param)
     for step in range(1, steps + 1):
         grads = [torch.randn(7, 3, generator=g) * (w + 1) for w in range(workers)]
-        mean = torch.stack(grads).mean(0)
-        ref.grad = mean.clone()
+        ref.grad = torch.stack(grads).mean(0)
         opt.step()
-        out = fn(
-            param.clone(),
-            [gr.clone() for gr in grads],
-            m.clone(),
-            v.clone(),
-            step,
-            lr=lr,
-            betas=betas,
-            eps=eps,
-        )
+        copies = [gr.clone() for gr in grads]
+        out = fn(param.clone(), copies, m.clone(), v.clone(), step, lr=lr, betas=betas, eps=eps)
         if not (isinstance(out, tuple) and len(out) == 3):
-            fail(what, f"returned {type(out).__name__}", "return the tuple (param, m, v)")
+            fail(_ADAM, f"returned {type(out).__name__}", "return the tuple (param, m, v)")
         new_param, m, v = (t.detach() for t in out)
-        state = opt.state[ref]
-        if not torch.allclose(m, state["exp_avg"], rtol=1e-5, atol=1e-7):
-            total = torch.stack(grads).sum(0)
-            if step == 1 and torch.allclose(m, (1 - betas[0]) * total, atol=1e-6):
-                fail(
-                    what,
-                    "m grew with the *sum* of the pushed gradients",
-                    "average the workers' gradients (divide by how many pushed)",
-                )
-            fail(
-                what,
-                f"step {step}: m differs from Adam's exp_avg",
-                "m ← β1·m + (1−β1)·g with g the mean of the pushed gradients",
-            )
-        if not torch.allclose(v, state["exp_avg_sq"], rtol=1e-5, atol=1e-9):
-            fail(what, f"step {step}: v differs from Adam's exp_avg_sq", "v ← β2·v + (1−β2)·g²")
-        if not torch.allclose(new_param, ref.detach(), rtol=1e-5, atol=1e-7):
-            b1, b2 = betas
-            raw = param - lr * m / (v.sqrt() + eps)
-            if torch.allclose(new_param, raw, atol=1e-6):
-                fail(
-                    what,
-                    f"step {step}: the step has no bias correction",
-                    f"divide m by 1−β1^t and v by 1−β2^t (t = step, from 1): "
-                    f"at t=1 that is ×{1 / (1 - b1):.0f} and ×{1 / (1 - b2):.0f}",
-                )
-            err = float((new_param - ref.detach()).abs().max())
-            fail(
-                what,
-                f"step {step}: parameters differ from Adam's by up to {err:.2e}",
-                "param ← param − lr · m̂ / (√v̂ + ε)",
-            )
+        _adam_moments_match(m, v, opt.state[ref], grads, step, betas)
+        _adam_param_matches(new_param, ref.detach(), param, m, v, step, lr, betas, eps)
         param = new_param
-    passed(what, f"{steps} steps, {workers} workers")
+    passed(_ADAM, f"{steps} steps, {workers} workers")
+
+
+def _adam_moments_match(
+    m: torch.Tensor,
+    v: torch.Tensor,
+    state: dict,
+    grads: list[torch.Tensor],
+    step: int,
+    betas: tuple[float, float],
+) -> None:
+    """m and v equal Adam's exp_avg and exp_avg_sq; a sum instead of a mean is named."""
+    if not torch.allclose(m, state["exp_avg"], rtol=1e-5, atol=1e-7):
+        total = torch.stack(grads).sum(0)
+        if step == 1 and torch.allclose(m, (1 - betas[0]) * total, atol=1e-6):
+            fail(
+                _ADAM,
+                "m grew with the *sum* of the pushed gradients",
+                "average the workers' gradients (divide by how many pushed)",
+            )
+        fail(
+            _ADAM,
+            f"step {step}: m differs from Adam's exp_avg",
+            "m ← β1·m + (1−β1)·g with g the mean of the pushed gradients",
+        )
+    if not torch.allclose(v, state["exp_avg_sq"], rtol=1e-5, atol=1e-9):
+        fail(_ADAM, f"step {step}: v differs from Adam's exp_avg_sq", "v ← β2·v + (1−β2)·g²")
+
+
+def _adam_param_matches(
+    new_param: torch.Tensor,
+    expected: torch.Tensor,
+    param: torch.Tensor,
+    m: torch.Tensor,
+    v: torch.Tensor,
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+) -> None:
+    """The new parameters equal Adam's; a step without bias correction is named."""
+    if torch.allclose(new_param, expected, rtol=1e-5, atol=1e-7):
+        return
+    b1, b2 = betas
+    raw = param - lr * m / (v.sqrt() + eps)
+    if torch.allclose(new_param, raw, atol=1e-6):
+        fail(
+            _ADAM,
+            f"step {step}: the step has no bias correction",
+            f"divide m by 1−β1^t and v by 1−β2^t (t = step, from 1): "
+            f"at t=1 that is ×{1 / (1 - b1):.0f} and ×{1 / (1 - b2):.0f}",
+        )
+    err = float((new_param - expected).abs().max())
+    fail(
+        _ADAM,
+        f"step {step}: parameters differ from Adam's by up to {err:.2e}",
+        "param ← param − lr · m̂ / (√v̂ + ε)",
+    )
 
 
 def check_easgd(worker_fn: Callable, center_fn: Callable) -> None:

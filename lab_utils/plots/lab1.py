@@ -262,94 +262,66 @@ def _box(ax, x, y, w, h, text, color, fontsize=8):
     ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=fontsize)
 
 
+_WORKER_COLORS = ["#cde4f7", "#d7f0d2", "#f7e3c4", "#eedcf5"]
+
+
 def parallelism_diagrams(workers: int = 3) -> plt.Figure:
     """Data parallelism (a replica per worker, gradients all-reduced) beside model
     parallelism (the layers split across workers, activations passed along)."""
     fig, (ax_d, ax_m) = plt.subplots(1, 2, figsize=(12, 4.6))
-    colors = ["#cde4f7", "#d7f0d2", "#f7e3c4", "#eedcf5"]
-
-    # Data parallelism: the global batch is split; every worker holds the whole model.
-    _box(
-        ax_d,
-        0.2,
-        3.55,
-        9.6,
-        0.6,
-        f"global batch of N·b samples, split into {workers} shards",
-        "0.92",
-        9,
-    )
-    for k in range(workers):
-        x = 0.4 + k * 3.2
-        ax_d.annotate(
-            "",
-            xy=(x + 1.3, 2.85),
-            xytext=(x + 1.3, 3.5),
-            arrowprops=dict(arrowstyle="-|>", color="0.4"),
-        )
-        ax_d.add_patch(Rectangle((x - 0.1, 0.95), 2.8, 1.95, fc="none", ec="0.5", ls=":"))
-        ax_d.text(x + 1.3, 2.75, f"worker {k}", ha="center", va="top", fontsize=8)
-        for j in range(3):
-            _box(ax_d, x + 0.2, 2.15 - j * 0.38, 2.2, 0.3, f"layer {j + 1}", colors[j % 4], 7)
-        ax_d.text(
-            x + 1.3,
-            1.05,
-            f"shard {k}: b samples\n→ gradient g{k}",
-            ha="center",
-            va="bottom",
-            fontsize=7,
-        )
-    _box(
-        ax_d,
-        0.2,
-        0.1,
-        9.6,
-        0.6,
-        "all-reduce: every worker gets (g0 + g1 + g2) / 3, then takes the same step",
-        "#fde2e2",
-        9,
-    )
-    for k in range(workers):
-        ax_d.annotate(
-            "",
-            xy=(0.4 + k * 3.2 + 1.3, 0.72),
-            xytext=(0.4 + k * 3.2 + 1.3, 0.98),
-            arrowprops=dict(arrowstyle="<|-|>", color="crimson"),
-        )
-    ax_d.set_title("Data parallelism: copy the model, split the batch (Lab 2)")
-
-    # Model parallelism: one batch flows through layers that live on different workers.
-    for k in range(workers):
-        x = 0.3 + k * 3.3
-        ax_m.add_patch(Rectangle((x - 0.1, 0.9), 2.9, 2.4, fc="none", ec="0.5", ls=":"))
-        ax_m.text(x + 1.35, 3.2, f"worker {k}", ha="center", va="top", fontsize=8)
-        _box(ax_m, x + 0.25, 1.6, 2.2, 0.9, f"layers {2 * k + 1}–{2 * k + 2}", colors[k % 4], 8)
-        if k < workers - 1:
-            ax_m.annotate(
-                "",
-                xy=(x + 3.45, 2.2),
-                xytext=(x + 2.5, 2.2),
-                arrowprops=dict(arrowstyle="-|>", color="0.2"),
-            )
-            ax_m.annotate(
-                "",
-                xy=(x + 2.5, 1.85),
-                xytext=(x + 3.45, 1.85),
-                arrowprops=dict(arrowstyle="-|>", color="crimson"),
-            )
-    ax_m.text(5.0, 2.75, "activations →", ha="center", fontsize=8)
-    ax_m.text(5.0, 1.2, "← gradients of activations", ha="center", fontsize=8, color="crimson")
-    _box(ax_m, 0.2, 3.55, 9.6, 0.6, "one batch of b samples", "0.92", 9)
-    _box(
-        ax_m, 0.2, 0.1, 9.6, 0.6, "each worker stores and updates only its own layers", "#fde2e2", 9
-    )
-    ax_m.set_title("Model parallelism: split the model, pass activations")
+    _data_parallel_diagram(ax_d, workers)
+    _model_parallel_diagram(ax_m, workers)
     for ax in (ax_d, ax_m):
         ax.set_xlim(0, 10)
         ax.set_ylim(0, 4.3)
         ax.axis("off")
     fig.tight_layout()
     return fig
+
+
+def _data_parallel_diagram(ax: plt.Axes, workers: int) -> None:
+    """The global batch is split; every worker holds the whole model."""
+    banner = f"global batch of N·b samples, split into {workers} shards"
+    _box(ax, 0.2, 3.55, 9.6, 0.6, banner, "0.92", 9)
+    for k in range(workers):
+        x = 0.4 + k * 3.2
+        arrow = dict(arrowstyle="-|>", color="0.4")
+        ax.annotate("", xy=(x + 1.3, 2.85), xytext=(x + 1.3, 3.5), arrowprops=arrow)
+        ax.add_patch(Rectangle((x - 0.1, 0.95), 2.8, 1.95, fc="none", ec="0.5", ls=":"))
+        ax.text(x + 1.3, 2.75, f"worker {k}", ha="center", va="top", fontsize=8)
+        for j in range(3):
+            _box(ax, x + 0.2, 2.15 - j * 0.38, 2.2, 0.3, f"layer {j + 1}", _WORKER_COLORS[j % 4], 7)
+        shard = f"shard {k}: b samples\n→ gradient g{k}"
+        ax.text(x + 1.3, 1.05, shard, ha="center", va="bottom", fontsize=7)
+    total = " + ".join(f"g{k}" for k in range(workers))
+    reduce = f"all-reduce: every worker gets ({total}) / {workers}, then takes the same step"
+    _box(ax, 0.2, 0.1, 9.6, 0.6, reduce, "#fde2e2", 9)
+    for k in range(workers):
+        x = 0.4 + k * 3.2 + 1.3
+        arrow = dict(arrowstyle="<|-|>", color="crimson")
+        ax.annotate("", xy=(x, 0.72), xytext=(x, 0.98), arrowprops=arrow)
+    ax.set_title("Data parallelism: copy the model, split the batch (Lab 2)")
+
+
+def _model_parallel_diagram(ax: plt.Axes, workers: int) -> None:
+    """One batch flows through layers that live on different workers."""
+    for k in range(workers):
+        x = 0.3 + k * 3.3
+        ax.add_patch(Rectangle((x - 0.1, 0.9), 2.9, 2.4, fc="none", ec="0.5", ls=":"))
+        ax.text(x + 1.35, 3.2, f"worker {k}", ha="center", va="top", fontsize=8)
+        layers = f"layers {2 * k + 1}–{2 * k + 2}"
+        _box(ax, x + 0.25, 1.6, 2.2, 0.9, layers, _WORKER_COLORS[k % 4], 8)
+        if k < workers - 1:
+            forward = dict(arrowstyle="-|>", color="0.2")
+            backward = dict(arrowstyle="-|>", color="crimson")
+            ax.annotate("", xy=(x + 3.45, 2.2), xytext=(x + 2.5, 2.2), arrowprops=forward)
+            ax.annotate("", xy=(x + 2.5, 1.85), xytext=(x + 3.45, 1.85), arrowprops=backward)
+    ax.text(5.0, 2.75, "activations →", ha="center", fontsize=8)
+    ax.text(5.0, 1.2, "← gradients of activations", ha="center", fontsize=8, color="crimson")
+    _box(ax, 0.2, 3.55, 9.6, 0.6, "one batch of b samples", "0.92", 9)
+    own = "each worker stores and updates only its own layers"
+    _box(ax, 0.2, 0.1, 9.6, 0.6, own, "#fde2e2", 9)
+    ax.set_title("Model parallelism: split the model, pass activations")
 
 
 def optimiser_race(
