@@ -82,9 +82,9 @@ class CollectiveBytes(TorchDispatchMode):
     each one's full tensor: an all-reduce's input, an all-gather's output, a
     reduce-scatter's input."""
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world_size: int) -> None:
         super().__init__()
-        self.world = world
+        self.world_size = world_size
         self.counts = dict.fromkeys(COLLECTIVES, 0)
         self.bytes = dict.fromkeys(COLLECTIVES, 0)
 
@@ -94,13 +94,13 @@ class CollectiveBytes(TorchDispatchMode):
         if kind is not None and "_c10d_functional" in str(func.namespace):
             size = args[0].numel() * args[0].element_size()
             self.counts[kind] += 1
-            self.bytes[kind] += size * (self.world if kind == "all_gather" else 1)
+            self.bytes[kind] += size * (self.world_size if kind == "all_gather" else 1)
         return func(*args, **(kwargs or {}))
 
     def wire_bytes(self) -> float:
         """Bytes each rank sends with ring algorithms: 2(n−1)/n of an all-reduce's size,
         (n−1)/n of an all-gather's or a reduce-scatter's."""
-        n = self.world
+        n = self.world_size
         return ((n - 1) / n) * (
             2 * self.bytes["all_reduce"] + self.bytes["all_gather"] + self.bytes["reduce_scatter"]
         )
@@ -145,9 +145,9 @@ def tp_plan(sequence_parallel: bool) -> dict:
 
 
 def sequence_parallel_part(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device
+    args: argparse.Namespace, rank: int, world_size: int, device: torch.device
 ) -> None:
-    mesh = init_device_mesh(device.type, (world,))
+    mesh = init_device_mesh(device.type, (world_size,))
     torch.manual_seed(args.seed)
     block = models.Block(args.d_model, args.heads).to(device)
     x = torch.randn(args.batch_size, args.seq_len, args.d_model, device=device)
@@ -161,22 +161,22 @@ def sequence_parallel_part(
         split = parallelize_module(
             models.Block(args.d_model, args.heads).to(device), mesh, tp_plan(sp)
         )
-        mine = (ring.chunk(x, rank, world, dim=1) if sp else x).clone().requires_grad_()
-        w = ring.chunk(weight, rank, world, dim=1) if sp else weight
+        mine = (ring.chunk(x, rank, world_size, dim=1) if sp else x).clone().requires_grad_()
+        w = ring.chunk(weight, rank, world_size, dim=1) if sp else weight
         counter = LocalSaved(split.parameters())
-        with CollectiveBytes(world) as comm, counter.hooks():
+        with CollectiveBytes(world_size) as comm, counter.hooks():
             out = split(mine)
             (out * w).sum().backward()
         out_full, grad_full = (
-            _gather_seq(t, world) if sp else t for t in (out.detach(), mine.grad)
+            _gather_seq(t, world_size) if sp else t for t in (out.detach(), mine.grad)
         )
-        saved = _all(counter.bytes, world)
+        saved = _all(counter.bytes, world_size)
         if rank == 0:
             metrics.emit(
                 {
                     "event": "sequence_parallel",
                     "sequence_parallel": sp,
-                    "world": world,
+                    "world": world_size,
                     "counts": comm.counts,
                     "bytes": comm.bytes,
                     "wire_bytes": comm.wire_bytes(),
@@ -194,14 +194,14 @@ def sequence_parallel_part(
             )
 
 
-def _gather_seq(t: torch.Tensor, world: int) -> torch.Tensor:
-    parts = [torch.empty_like(t) for _ in range(world)]
+def _gather_seq(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(world_size)]
     dist.all_gather(parts, t.contiguous())
     return torch.cat(parts, dim=1)
 
 
-def _all(value: int, world: int) -> list[int]:
-    out = [None] * world
+def _all(value: int, world_size: int) -> list[int]:
+    out = [None] * world_size
     dist.all_gather_object(out, int(value))
     return out
 
@@ -214,24 +214,24 @@ def qkv(args: argparse.Namespace, seq_len: int, device: torch.device) -> list[to
     return [torch.randn(shape, generator=g).to(device) for _ in range(4)]  # q, k, v, weight
 
 
-def ring_step(q, k, v, w, rank: int, world: int):
+def ring_step(q, k, v, w, rank: int, world_size: int):
     """Ring attention on this rank's chunks, forward and backward: output and gradients."""
-    mine = [ring.chunk(t, rank, world).clone().requires_grad_() for t in (q, k, v)]
+    mine = [ring.chunk(t, rank, world_size).clone().requires_grad_() for t in (q, k, v)]
     passes = ring.Ring()
-    out = passes.tie(reference.ring_attention(*mine, rank, world, passes))
-    (out * ring.chunk(w, rank, world)).sum().backward()
+    out = passes.tie(reference.ring_attention(*mine, rank, world_size, passes))
+    (out * ring.chunk(w, rank, world_size)).sum().backward()
     return out.detach(), [t.grad for t in mine]
 
 
 def context_parallel_part(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device
+    args: argparse.Namespace, rank: int, world_size: int, device: torch.device
 ) -> None:
     q, k, v, w = qkv(args, args.seq_len, device)
-    out, grads = ring_step(q, k, v, w, rank, world)
+    out, grads = ring_step(q, k, v, w, rank, world_size)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     want = F.scaled_dot_product_attention(*full, is_causal=True)
     (want * w).sum().backward()
-    got = [_gather_seq2(t, world) for t in (out, *grads)]
+    got = [_gather_seq2(t, world_size) for t in (out, *grads)]
     errors = {
         name: parallel.relative_error({"t": g}, {"t": r})
         for name, g, r in zip(
@@ -239,26 +239,28 @@ def context_parallel_part(
         )
     }
     if rank == 0:
-        metrics.emit({"event": "ring_equal", "world": world, "seq_len": args.seq_len, **errors})
+        metrics.emit(
+            {"event": "ring_equal", "world": world_size, "seq_len": args.seq_len, **errors}
+        )
         print(
-            f"ring attention on {world} ranks vs full causal attention: "
+            f"ring attention on {world_size} ranks vs full causal attention: "
             + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()),
             flush=True,
         )
 
     for seq_len in args.seq_lens:  # activation bytes per rank, and one process
         q, k, v, _ = qkv(args, seq_len, device)
-        mine = [ring.chunk(t, rank, world).requires_grad_() for t in (q, k, v)]
+        mine = [ring.chunk(t, rank, world_size).requires_grad_() for t in (q, k, v)]
         counter = memory.SavedTensorCounter()
         with counter.hooks():
-            reference.ring_attention(*mine, rank, world, ring.Ring())
-        per_rank = _all(counter.bytes, world)
+            reference.ring_attention(*mine, rank, world_size, ring.Ring())
+        per_rank = _all(counter.bytes, world_size)
         one = one_process_bytes(q, k, v)
         if rank == 0:
             metrics.emit(
                 {
                     "event": "ring_memory",
-                    "world": world,
+                    "world": world_size,
                     "seq_len": seq_len,
                     "per_rank": per_rank,
                     "one_process": one,
@@ -270,8 +272,8 @@ def context_parallel_part(
                 flush=True,
             )
 
-    time_ring(args, rank, world, device)
-    torch_context_parallel(args, rank, world, device)
+    time_ring(args, rank, world_size, device)
+    torch_context_parallel(args, rank, world_size, device)
 
 
 def one_process_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -280,13 +282,13 @@ def one_process_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return memory.activation_bytes(lambda: reference.ring_attention(*whole, 0, 1, None))
 
 
-def _gather_seq2(t: torch.Tensor, world: int) -> torch.Tensor:
-    parts = [torch.empty_like(t) for _ in range(world)]
+def _gather_seq2(t: torch.Tensor, world_size: int) -> torch.Tensor:
+    parts = [torch.empty_like(t) for _ in range(world_size)]
     dist.all_gather(parts, t.contiguous())
     return torch.cat(parts, dim=2)
 
 
-def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.device) -> None:
+def time_ring(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> None:
     """Forward and backward of attention at the longest --seq-lens: one process (rank 0,
     the others wait) and the ring, in the order A B B A ...; wall-clock seconds."""
     q, k, v, w = qkv(args, max(args.seq_lens), device)
@@ -296,7 +298,7 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
             dist.barrier()
             start = time.perf_counter()
             if kind == "ring":
-                ring_step(q, k, v, w, rank, world)
+                ring_step(q, k, v, w, rank, world_size)
                 dist.barrier()
                 ring_s.append(time.perf_counter() - start)
             else:
@@ -308,7 +310,7 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
         metrics.emit(
             {
                 "event": "ring_time",
-                "world": world,
+                "world": world_size,
                 "seq_len": max(args.seq_lens),
                 "one_samples": one_s,
                 "ring_samples": ring_s,
@@ -316,30 +318,30 @@ def time_ring(args: argparse.Namespace, rank: int, world: int, device: torch.dev
         )
         print(
             f"T={max(args.seq_lens)}: forward+backward one process {statistics.median(one_s) * 1e3:.1f} ms, "
-            f"ring on {world} ranks {statistics.median(ring_s) * 1e3:.1f} ms (medians)",
+            f"ring on {world_size} ranks {statistics.median(ring_s) * 1e3:.1f} ms (medians)",
             flush=True,
         )
 
 
-def _all_floats(values: list[float], world: int) -> list[list[float]]:
-    out = [None] * world
+def _all_floats(values: list[float], world_size: int) -> list[list[float]]:
+    out = [None] * world_size
     dist.all_gather_object(out, values)
     return out
 
 
 def torch_context_parallel(
-    args: argparse.Namespace, rank: int, world: int, device: torch.device
+    args: argparse.Namespace, rank: int, world_size: int, device: torch.device
 ) -> None:
     """Try torch's own context parallelism (experimental) on this device and backend:
     its sharded causal attention against full attention, or the error it raised."""
     q, k, v, _ = qkv(args, args.seq_len, device)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    result: dict = {"event": "torch_context_parallel", "world": world, "device": device.type}
+    result: dict = {"event": "torch_context_parallel", "world": world_size, "device": device.type}
     try:
         from torch.distributed.tensor.experimental import context_parallel
         from torch.distributed.tensor.experimental._attention import context_parallel_unshard
 
-        mesh = init_device_mesh(device.type, (world,))
+        mesh = init_device_mesh(device.type, (world_size,))
         bufs = [t.clone() for t in (q, k, v)]
         with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2]):
             out = F.scaled_dot_product_attention(*bufs, is_causal=True)
@@ -347,7 +349,7 @@ def torch_context_parallel(
         result.update(ran=True, out_rel_err=parallel.relative_error({"o": out}, {"o": want}))
     except Exception as exc:
         result.update(ran=False, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
-    verdicts = _all_floats([result["ran"]], world)
+    verdicts = _all_floats([result["ran"]], world_size)
     result["ran"] = all(v[0] for v in verdicts)
     if rank == 0:
         metrics.emit(result)
@@ -364,23 +366,24 @@ def torch_context_parallel(
 
 def main() -> None:
     args = parse_args()
-    world = labdist.detect().world_size
+    world_size = labdist.detect().world_size
     parallel.require(
-        world >= 2, "context parallelism needs at least 2 processes (torchrun --nproc-per-node 2)"
+        world_size >= 2,
+        "context parallelism needs at least 2 processes (torchrun --nproc-per-node 2)",
     )
     lengths = [args.seq_len, *args.seq_lens]
     parallel.require(
-        all(t % world == 0 for t in lengths),
-        f"every sequence length ({lengths}) must be a multiple of the {world} processes",
+        all(t % world_size == 0 for t in lengths),
+        f"every sequence length ({lengths}) must be a multiple of the {world_size} processes",
     )
     parallel.require(
-        args.heads % world == 0 and args.d_model % args.heads == 0,
-        f"--heads {args.heads} must be a multiple of the {world} processes and divide "
+        args.heads % world_size == 0 and args.d_model % args.heads == 0,
+        f"--heads {args.heads} must be a multiple of the {world_size} processes and divide "
         f"--d-model {args.d_model}",
     )
     info = labdist.init()
-    sequence_parallel_part(args, info.rank, world, info.device)
-    context_parallel_part(args, info.rank, world, info.device)
+    sequence_parallel_part(args, info.rank, world_size, info.device)
+    context_parallel_part(args, info.rank, world_size, info.device)
     labdist.shutdown()
 
 

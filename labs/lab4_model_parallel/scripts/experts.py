@@ -63,16 +63,16 @@ def loss_of(
     return parallel.lm_loss(model(x), y) + aux_weight * moe.aux_loss(model)
 
 
-def average_gradients(model: torch.nn.Module, n: int) -> None:
+def average_gradients(model: torch.nn.Module, world_size: int) -> None:
     """The global loss is the mean of the ranks' losses: replicated weights sum their
     gradients over the ranks; an expert's already holds every rank's tokens (the
-    all-to-all's backward brought them); both are divided by n."""
+    all-to-all's backward brought them); both are divided by world_size."""
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
         if not moe.is_expert_param(name):
             dist.all_reduce(p.grad)
-        p.grad /= n
+        p.grad /= world_size
 
 
 def stats(model: torch.nn.Module) -> dict:
@@ -85,35 +85,27 @@ def stats(model: torch.nn.Module) -> dict:
     }
 
 
-def summed(values: list, n: int) -> list:
+def summed(values: list) -> list:
     """Element-wise sum over the ranks of a nested list of counts."""
     t = torch.tensor(values, dtype=torch.long)
-    if n > 1:
-        dist.all_reduce(t)
+    dist.all_reduce(t)
     return t.tolist()
 
 
-def main() -> None:
-    args = parse_args()
-    n = labdist.detect().world_size
+def check_args(args: argparse.Namespace, world_size: int) -> None:
+    """Stop with a message, before any process group, on experts or a batch that
+    cannot be spread over the processes."""
     parallel.require(
-        args.experts % n == 0,
-        f"--experts {args.experts} cannot be spread over {n} "
-        f"processes: use a multiple of {n} experts, or a process count that divides {args.experts}",
+        args.experts % world_size == 0,
+        f"--experts {args.experts} cannot be spread over {world_size} processes: use a "
+        f"multiple of {world_size} experts, or a process count that divides {args.experts}",
     )
     parallel.require_batch_split(args.batch_size)
-    info = labdist.init(group_if_alone=True)
-    rank, device = info.rank, info.device
-    data = parallel.corpus(args)
-    batches = [
-        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-        for s in range(args.steps)
-    ]
-    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
 
-    model = build(args, groups=1).to(device)
-    owned = moe.expert_parallel(model)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+def train(model, opt, batches: list, mine: slice, args: argparse.Namespace) -> tuple[dict, list]:
+    """Adam steps on this rank's share of each batch; the first step's logits, routing
+    stats and gradients, and the bytes of its all-to-alls."""
     first, comm = {}, []
     for step, (x, y) in enumerate(batches):
         opt.zero_grad()
@@ -121,7 +113,7 @@ def main() -> None:
             logits = model(x[mine])
             loss = parallel.lm_loss(logits, y[mine]) + args.aux_weight * moe.aux_loss(model)
             loss.backward()
-        average_gradients(model, n)
+        average_gradients(model, labdist.world_size())
         if step == 0:
             first = {
                 "logits": logits.detach().cpu(),
@@ -131,41 +123,63 @@ def main() -> None:
             comm = list(seen)
         opt.step()
         labdist.print0(f"step {step}: loss {loss.item():.3f}")
+    return first, comm
+
+
+def gather(model, opt, first: dict, rank: int) -> dict:
+    """On rank 0: every rank's first logits, the whole gradients and weights (experts
+    from every rank), and the routing counts summed over the ranks."""
     last = stats(model)
-    outputs = parallel.gather_on_rank0({f"logits.{rank}": first["logits"]})
-    grads = parallel.gather_on_rank0(
-        {k: v for k, v in first["grads"].items() if moe.is_expert_param(k) or rank == 0}
-    )
-    weights = parallel.gather_on_rank0(
-        {k: v for k, v in model.state_dict().items() if moe.is_expert_param(k) or rank == 0}
-    )
-    counts = {
-        "first": summed(first["stats"]["tokens_per_expert"], n),
-        "first_dropped": summed(first["stats"]["dropped"], n),
-        "last": summed(last["tokens_per_expert"], n),
-        "last_dropped": summed(last["dropped"], n),
+    kept = {k for k in model.state_dict() if moe.is_expert_param(k) or rank == 0}
+    run = {
+        "outputs": parallel.gather_on_rank0({f"logits.{rank}": first["logits"]}),
+        "grads": parallel.gather_on_rank0({k: v for k, v in first["grads"].items() if k in kept}),
+        "weights": parallel.gather_on_rank0(
+            {k: v for k, v in model.state_dict().items() if k in kept}
+        ),
+        "counts": {
+            "first": summed(first["stats"]["tokens_per_expert"]),
+            "first_dropped": summed(first["stats"]["dropped"]),
+            "last": summed(last["tokens_per_expert"]),
+            "last_dropped": summed(last["dropped"]),
+        },
+        "capacity": first["stats"]["capacity"],
     }
-    counts["rank0_state"] = memory.state_bytes(model, opt)  # the last step's gradients included
+    run["counts"]["rank0_state"] = memory.state_bytes(model, opt)  # last gradients included
+    return run
+
+
+def main() -> None:
+    args = parse_args()
+    world_size = labdist.detect().world_size
+    check_args(args, world_size)
+    info = labdist.init(group_if_alone=True)
+    rank, device = info.rank, info.device
+    data = parallel.corpus(args)
+    batches = [
+        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        for s in range(args.steps)
+    ]
+    mine = slice(rank * args.batch_size // world_size, (rank + 1) * args.batch_size // world_size)
+    model = build(args, groups=1).to(device)
+    owned = moe.expert_parallel(model)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    first, comm = train(model, opt, batches, mine, args)
+    run = gather(model, opt, first, rank)
+    run.update(comm=comm, owned=owned, world_size=world_size)
     if rank == 0:
-        report(
-            args,
-            n,
-            owned,
-            outputs,
-            grads,
-            weights,
-            counts,
-            comm,
-            batches,
-            first["stats"]["capacity"],
-            device,
-        )
+        errors = compare_with_one_process(args, run, batches, device)
+        report(args, run, errors)
+        if args.checkpoint:
+            save(args, run["weights"], world_size)
     labdist.shutdown()
 
 
-def report(args, n, owned, outputs, grads, weights, counts, comm, batches, cap, device) -> None:
-    """Rank 0: one process with n routing groups on the whole batch, compared."""
-    ref = build(args, groups=n).to(device)
+def compare_with_one_process(args: argparse.Namespace, run: dict, batches: list, device) -> dict:
+    """Rank 0: one process with world_size routing groups on the whole batch; the relative
+    errors of the first outputs and gradients and of the final weights."""
+    world_size = run["world_size"]
+    ref = build(args, groups=world_size).to(device)
     opt = torch.optim.Adam(ref.parameters(), lr=args.lr)
     errors = {}
     for step, (x, y) in enumerate(batches):
@@ -174,29 +188,35 @@ def report(args, n, owned, outputs, grads, weights, counts, comm, batches, cap, 
         loss = parallel.lm_loss(logits, y) + args.aux_weight * moe.aux_loss(ref)
         loss.backward()
         if step == 0:
-            chunks = logits.detach().cpu().chunk(n)
+            chunks = logits.detach().cpu().chunk(world_size)
             errors["outputs"] = parallel.relative_error(
-                outputs, {f"logits.{r}": c for r, c in enumerate(chunks)}
+                run["outputs"], {f"logits.{r}": c for r, c in enumerate(chunks)}
             )
             errors["gradients"] = parallel.relative_error(
-                grads, {k: p.grad.detach().cpu() for k, p in ref.named_parameters()}
+                run["grads"], {k: p.grad.detach().cpu() for k, p in ref.named_parameters()}
             )
         opt.step()
     errors["weights"] = parallel.relative_error(
-        weights, {k: v.cpu() for k, v in ref.state_dict().items()}
+        run["weights"], {k: v.cpu() for k, v in ref.state_dict().items()}
     )
-    tokens = args.batch_size // n * args.seq_len
+    return errors
+
+
+def report(args: argparse.Namespace, run: dict, errors: dict) -> None:
+    """Rank 0: errors, all-to-all bytes against E · capacity · d, tokens per expert."""
+    world_size, comm, counts, owned = run["world_size"], run["comm"], run["counts"], run["owned"]
+    tokens = args.batch_size // world_size * args.seq_len
     formula = moe.all_to_all_bytes(
         tokens, args.d_model, args.experts, args.top_k, args.capacity_factor
     )
     metrics.emit(
         {
             "event": "experts",
-            "procs": n,
+            "procs": world_size,
             "experts": args.experts,
             "top_k": args.top_k,
             "capacity_factor": args.capacity_factor,
-            "capacity": cap,
+            "capacity": run["capacity"],
             "layers": args.layers,
             "d_model": args.d_model,
             "tokens_per_rank": tokens,
@@ -210,17 +230,21 @@ def report(args, n, owned, outputs, grads, weights, counts, comm, batches, cap, 
         }
     )
     print(
-        f"{args.experts} experts on {n} ranks (rank 0 holds {owned}): outputs, gradients, weights "
-        f"vs one process {errors['outputs']:.1e}, {errors['gradients']:.1e}, {errors['weights']:.1e}; "
+        f"{args.experts} experts on {world_size} ranks (rank 0 holds {owned}): outputs, "
+        f"gradients, weights vs one process {errors['outputs']:.1e}, "
+        f"{errors['gradients']:.1e}, {errors['weights']:.1e}; "
         f"{len(comm)} all-to-alls of {sorted(set(comm))} bytes (formula E·C·d·4 = {formula}); "
         f"tokens per expert {counts['first']}, dropped {counts['first_dropped']} (first step)",
         flush=True,
     )
-    if args.checkpoint:
-        plain = build(args, groups=1)
-        plain.load_state_dict(weights)
-        models.save(args.checkpoint, plain, steps=args.steps, experts=args.experts, procs=n)
-        print(f"saved {args.checkpoint}", flush=True)
+
+
+def save(args: argparse.Namespace, weights: dict, world_size: int) -> None:
+    """Rank 0 saves the gathered weights as a one-process model."""
+    plain = build(args, groups=1)
+    plain.load_state_dict(weights)
+    models.save(args.checkpoint, plain, steps=args.steps, experts=args.experts, procs=world_size)
+    print(f"saved {args.checkpoint}", flush=True)
 
 
 if __name__ == "__main__":

@@ -81,20 +81,22 @@ def virtual_stages(name: str, args: argparse.Namespace) -> int:
     return SCHEDULES[name][1] or args.virtual
 
 
-def stage_ids(name: str, rank: int, p: int, v: int) -> list[int]:
-    """The stages rank ``rank`` holds: looped r, r+p, …; V-shaped r and 2p−1−r."""
+def stage_ids(name: str, rank: int, world_size: int, v: int) -> list[int]:
+    """The stages rank ``rank`` holds, with p = world_size: looped r, r+p, …; V-shaped r
+    and 2p−1−r."""
     if SCHEDULES[name][2]:
-        return [rank, 2 * p - 1 - rank]
-    return [rank + i * p for i in range(v)]
+        return [rank, 2 * world_size - 1 - rank]
+    return [rank + i * world_size for i in range(v)]
 
 
-def formula_ratio(name: str, p: int, m: int, v: int) -> float | None:
+def formula_ratio(name: str, world_size: int, m: int, v: int) -> float | None:
     """Idle time / compute time with equal blocks and free messages: 1F1B (p−1)/m,
-    interleaved 1F1B (p−1)/(v·m); None where the schedule has no such closed form here."""
+    interleaved 1F1B (p−1)/(v·m), with p = world_size; None where the schedule has no such
+    closed form here."""
     if name == "1f1b":
-        return (p - 1) / m
+        return (world_size - 1) / m
     if name == "interleaved":
-        return (p - 1) / (v * m)
+        return (world_size - 1) / (v * m)
     return None
 
 
@@ -106,15 +108,15 @@ class Runner:
         name: str,
         model: nn.Module,
         rank: int,
-        p: int,
+        world_size: int,
         m: int,
         args: argparse.Namespace,
         device: torch.device,
     ) -> None:
         self.name, self.m = name, m
         self.v = virtual_stages(name, args)
-        n_stages = p * self.v
-        self.ids = stage_ids(name, rank, p, self.v)
+        n_stages = world_size * self.v
+        self.ids = stage_ids(name, rank, world_size, self.v)
         layer_ids = [i for s in self.ids for i in model.stage_layers(s, n_stages)]
         self.prefixes = tuple(f"layers.{i}." for i in layer_ids)
         stages = [
@@ -143,15 +145,16 @@ def make_runner(
     name: str,
     model: nn.Module,
     rank: int,
-    p: int,
+    world_size: int,
     m: int,
     args: argparse.Namespace,
     device: torch.device,
 ) -> Runner | None:
-    """The schedule on this rank, or None (said once) when it rejects this p and m: every
-    rank decides the same from the same arguments (DualPipeV wants m ≥ 2p)."""
+    """The schedule on this rank, or None (said once) when it rejects this world_size and
+    m: every rank decides the same from the same arguments (DualPipeV wants m ≥ 2p, with
+    p = world_size)."""
     try:
-        return Runner(name, model, rank, p, m, args, device)
+        return Runner(name, model, rank, world_size, m, args, device)
     except ValueError as exc:
         labdist.print0(f"{name} m={m}: skipped, {exc}")
         return None
@@ -159,19 +162,21 @@ def make_runner(
 
 def main() -> None:
     args = parse_args()
-    p = labdist.detect().world_size
-    parallel.require(p >= 2, "a pipeline needs at least 2 processes (torchrun --nproc-per-node 2)")
-    most = max(p * virtual_stages(n, args) for n in args.schedules)
+    world_size = labdist.detect().world_size
+    parallel.require(
+        world_size >= 2, "a pipeline needs at least 2 processes (torchrun --nproc-per-node 2)"
+    )
+    most = max(world_size * virtual_stages(n, args) for n in args.schedules)
     parallel.require(
         most <= args.layers,
-        f"{p} processes × {most // p} stages each need at least "
+        f"{world_size} processes × {most // world_size} stages each need at least "
         f"{most} transformer blocks: pass --layers {most} or use fewer processes",
     )
-    bad = [m for m in args.microbatches if m < p or m % p or args.batch_size % m]
+    bad = [m for m in args.microbatches if m < world_size or m % world_size or args.batch_size % m]
     parallel.require(
         not bad,
         f"micro-batch counts {bad} do not fit: each m must be a multiple of "
-        f"the {p} processes and divide --batch-size {args.batch_size}",
+        f"the {world_size} processes and divide --batch-size {args.batch_size}",
     )
     parallel.require(args.repeats >= 1, "--repeats must be at least 1")
     info = labdist.init()
@@ -188,7 +193,9 @@ def main() -> None:
 
     for m in args.microbatches:
         runners = [
-            r for n in args.schedules if (r := make_runner(n, model, rank, p, m, args, device))
+            r
+            for n in args.schedules
+            if (r := make_runner(n, model, rank, world_size, m, args, device))
         ]
         for r in runners:  # warm-up: also infers the shapes sent between stages
             model.zero_grad()
@@ -197,20 +204,22 @@ def main() -> None:
         for rnd in range(args.repeats):  # the schedules interleaved, alternating order
             for r in runners if rnd % 2 == 0 else runners[::-1]:
                 model.zero_grad()
-                samples[r.name].append(timed_step(r, x, y, p))
+                samples[r.name].append(timed_step(r, x, y, world_size))
         for r in runners:  # gradients of one more step of each, against the unsplit model
             model.zero_grad()
             r.step(x, y)
             owned = {n: q.grad for n, q in model.named_parameters() if n.startswith(r.prefixes)}
             grads = parallel.gather_on_rank0(owned)
             if rank == 0:
-                report(r, p, samples[r.name], parallel.relative_error(grads, ref_grads))
+                report(r, world_size, samples[r.name], parallel.relative_error(grads, ref_grads))
 
-    train(args, model, rank, p, device, data)
+    train(args, model, rank, world_size, device, data)
     labdist.shutdown()
 
 
-def timed_step(r: Runner, x: torch.Tensor, y: torch.Tensor, p: int) -> tuple[float, list[dict]]:
+def timed_step(
+    r: Runner, x: torch.Tensor, y: torch.Tensor, world_size: int
+) -> tuple[float, list[dict]]:
     """One step of a schedule on all ranks: its wall-clock seconds (mean over ranks) and
     every rank's blocks."""
     r.timer.reset()
@@ -219,12 +228,14 @@ def timed_step(r: Runner, x: torch.Tensor, y: torch.Tensor, p: int) -> tuple[flo
     r.step(x, y)
     step_s = time.perf_counter() - start
     events = [e.as_dict() for e in r.timer.events]
-    gathered = [None] * p
+    gathered = [None] * world_size
     dist.all_gather_object(gathered, events)
     return labdist.average(step_s), [e for ev in gathered for e in ev]
 
 
-def report(r: Runner, p: int, samples: list[tuple[float, list[dict]]], grad_err: float) -> None:
+def report(
+    r: Runner, world_size: int, samples: list[tuple[float, list[dict]]], grad_err: float
+) -> None:
     """Rank 0: emit and print one (schedule, m): time, measured and replayed bubble."""
     order = timeline.schedule_actions(r.schedule)
     every = []
@@ -235,12 +246,12 @@ def report(r: Runner, p: int, samples: list[tuple[float, list[dict]]], grad_err:
     rep = timeline.replay(events, order)
     bubble = timeline.bubble_fraction(events)
     flight = timeline.in_flight(events)
-    ratio = formula_ratio(r.name, p, r.m, r.v)
+    ratio = formula_ratio(r.name, world_size, r.m, r.v)
     metrics.emit(
         {
             "event": "schedule",
             "schedule": r.name,
-            "stages": p,
+            "stages": world_size,
             "virtual": r.v,
             "microbatches": r.m,
             "step_s": step_s,
@@ -266,13 +277,18 @@ def report(r: Runner, p: int, samples: list[tuple[float, list[dict]]], grad_err:
 
 
 def train(
-    args: argparse.Namespace, model: nn.Module, rank: int, p: int, device: torch.device, data
+    args: argparse.Namespace,
+    model: nn.Module,
+    rank: int,
+    world_size: int,
+    device: torch.device,
+    data,
 ) -> None:
     """--steps steps of the last schedule (1F1B if it rejects the last m) with Adam on this
     rank's stages; rank 0 saves the whole model."""
     m = args.microbatches[-1]
-    r = make_runner(args.schedules[-1], model, rank, p, m, args, device) or Runner(
-        "1f1b", model, rank, p, m, args, device
+    r = make_runner(args.schedules[-1], model, rank, world_size, m, args, device) or Runner(
+        "1f1b", model, rank, world_size, m, args, device
     )
     owned = [q for n, q in model.named_parameters() if n.startswith(r.prefixes)]
     optimizer = torch.optim.Adam(owned, lr=args.lr)
@@ -289,7 +305,7 @@ def train(
     )
     if rank == 0 and args.checkpoint:
         model.load_state_dict(state)
-        models.save(args.checkpoint, model, steps=args.steps, stages=p, schedule=r.name)
+        models.save(args.checkpoint, model, steps=args.steps, stages=world_size, schedule=r.name)
         print(f"saved {args.checkpoint}", flush=True)
 
 

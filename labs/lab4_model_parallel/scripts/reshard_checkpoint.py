@@ -72,9 +72,11 @@ def sharded(
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
-def train(model, opt, args: argparse.Namespace, rank: int, n: int, device: torch.device) -> None:
+def train(
+    model, opt, args: argparse.Namespace, rank: int, world_size: int, device: torch.device
+) -> None:
     data = parallel.corpus(args)
-    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    mine = slice(rank * args.batch_size // world_size, (rank + 1) * args.batch_size // world_size)
     for step in range(args.steps):
         x, y = (t.to(device) for t in data.batch(args.batch_size, args.seq_len, step, args.seed))
         opt.zero_grad()
@@ -98,9 +100,9 @@ def flat(state: dict, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def save(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> None:
+def save(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> None:
     model, opt = sharded(args, device)
-    train(model, opt, args, rank, n, device)
+    train(model, opt, args, rank, world_size, device)
     msd, osd = get_state_dict(model, opt)  # sharded: each rank its own pieces
     writer = (DieBeforeMetadata if args.die_before_metadata else dcp.FileSystemWriter)(args.save)
     full_model, full_optim = get_state_dict(model, opt, options=FULL)  # a collective: all ranks
@@ -112,7 +114,7 @@ def save(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
         metrics.emit(
             {
                 "event": "saved",
-                "procs": n,
+                "procs": world_size,
                 "files": files,
                 "state_bytes": sum(
                     t.numel() * t.element_size()
@@ -120,15 +122,15 @@ def save(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
                 ),
             }
         )
-        print(f"saved {args.save} from {n} ranks: {files}", flush=True)
+        print(f"saved {args.save} from {world_size} ranks: {files}", flush=True)
         if args.checkpoint:
             plain = parallel.build_model(args)
             plain.load_state_dict(full_model)
-            models.save(args.checkpoint, plain, steps=args.steps, procs=n)
+            models.save(args.checkpoint, plain, steps=args.steps, procs=world_size)
             print(f"saved {args.checkpoint}", flush=True)
 
 
-def load(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> None:
+def load(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> None:
     model, opt = sharded(args, device)
     msd, osd = get_state_dict(model, opt)  # the shapes and shards this layout wants
     state = {"model": msd, "optim": osd}
@@ -145,14 +147,14 @@ def load(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
         metrics.emit(
             {
                 "event": "loaded",
-                "procs": n,
+                "procs": world_size,
                 "errors": errors,
                 "tensors": len(flat(full_optim)),
                 "rank0_model_bytes": local,
             }
         )
         print(
-            f"loaded {args.load} into {n} ranks: model vs the saved run's memory {errors['model']:.1e}, "
+            f"loaded {args.load} into {world_size} ranks: model vs the saved run's memory {errors['model']:.1e}, "
             f"optimizer {errors['optim']:.1e}",
             flush=True,
         )
@@ -160,9 +162,9 @@ def load(args: argparse.Namespace, rank: int, n: int, device: torch.device) -> N
 
 def main() -> None:
     args = parse_args()
-    n = parallel.require_batch_split(args.batch_size)
+    world_size = parallel.require_batch_split(args.batch_size)
     info = labdist.init(group_if_alone=True)
-    (save if args.save else load)(args, info.rank, n, info.device)
+    (save if args.save else load)(args, info.rank, world_size, info.device)
     labdist.shutdown()
 
 

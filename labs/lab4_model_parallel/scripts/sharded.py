@@ -68,80 +68,106 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
+def train_one_process(args: argparse.Namespace, batches: list, device) -> torch.nn.Module:
+    """Rank 0: one process trains the unsplit model on the whole batches (the yardstick)."""
+    reference = parallel.build_model(args).to(device)
+    opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
+    for x, y in batches:
+        opt.zero_grad()
+        parallel.lm_loss(reference(x), y).backward()
+        opt.step()
+    one = memory.state_bytes(reference, opt)
+    psi = sum(q.numel() for q in reference.parameters())
+    metrics.emit({"event": "one_process", "psi": psi, **one})
+    return reference
+
+
+def train_strategy(
+    strategy: str, args: argparse.Namespace, batches: list, info: labdist.DistInfo
+) -> dict:
+    """Train with one strategy on this rank's part of each batch: every rank's state
+    bytes, the whole weights, the bytes of the last step's collectives, the best step."""
+    device, world_size = info.device, info.world_size
+    model = parallel.build_model(args).to(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    comm: dict = {}
+    model, opt = wrap(strategy, model, args, device)
+    mine = slice(
+        info.rank * args.batch_size // world_size, (info.rank + 1) * args.batch_size // world_size
+    )
+    seconds = []
+    for x, y in batches:
+        start = time.perf_counter()
+        with traffic.count() as seen:
+            opt.zero_grad()  # the last step's gradients stay: they are measured below
+            loss = parallel.lm_loss(model(x[mine]), y[mine])
+            loss.backward()
+            opt.step()
+        seconds.append(time.perf_counter() - start)
+        comm = dict(seen)  # the bytes of the last step
+    per_rank = memory.state_bytes(model, opt)
+    per_rank["peak_cuda"] = memory.peak_cuda_bytes(device) or 0
+    ranks = [None] * world_size
+    dist.all_gather_object(ranks, per_rank)
+    return {
+        "per_rank": ranks,
+        "state": full_state(model),
+        "comm": comm,
+        "step_s": labdist.average(min(seconds)),
+    }
+
+
+def report(strategy: str, args: argparse.Namespace, run: dict, reference: torch.nn.Module) -> None:
+    """Rank 0: what rank 0 holds, what one step moved, the weights against one process."""
+    err = parallel.relative_error(
+        run["state"], {k: v.cpu() for k, v in reference.state_dict().items()}
+    )
+    world_size, ranks, comm = len(run["per_rank"]), run["per_rank"], run["comm"]
+    metrics.emit(
+        {
+            "event": "sharded",
+            "strategy": strategy,
+            "procs": world_size,
+            "steps": args.steps,
+            "per_rank": ranks,
+            "comm_bytes": comm,
+            "weights_rel_err": err,
+            "step_s": run["step_s"],
+        }
+    )
+    mib = {k: f"{ranks[0][k] / 2**20:.2f}" for k in ("params", "grads", "optimizer")}
+    print(
+        f"{strategy:5s} on {world_size}: rank 0 holds {mib} MiB; one step moved {comm} bytes; "
+        f"weights vs one process {err:.1e}; {run['step_s'] * 1e3:.1f} ms per step",
+        flush=True,
+    )
+
+
+def save(args: argparse.Namespace, strategy: str, state: dict, world_size: int) -> None:
+    """Rank 0 saves the gathered weights as a plain, unsplit model."""
+    plain = parallel.build_model(args)
+    plain.load_state_dict(state)
+    models.save(args.checkpoint, plain, steps=args.steps, strategy=strategy, procs=world_size)
+    print(f"saved {args.checkpoint}", flush=True)
+
+
 def main() -> None:
     args = parse_args()
-    n = parallel.require_batch_split(args.batch_size)
+    parallel.require_batch_split(args.batch_size)
     info = labdist.init(group_if_alone=True)
-    rank, device = info.rank, info.device
     data = parallel.corpus(args)
     batches = [
-        tuple(t.to(device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        tuple(t.to(info.device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
         for s in range(args.steps)
     ]
-
-    reference = None
-    if rank == 0:  # one process, whole batch
-        reference = parallel.build_model(args).to(device)
-        opt = torch.optim.Adam(reference.parameters(), lr=args.lr)
-        for x, y in batches:
-            opt.zero_grad()
-            parallel.lm_loss(reference(x), y).backward()
-            opt.step()
-        one = memory.state_bytes(reference, opt)
-        psi = sum(q.numel() for q in reference.parameters())
-        metrics.emit({"event": "one_process", "psi": psi, **one})
-
+    reference = train_one_process(args, batches, info.device) if info.rank == 0 else None
     for strategy in args.strategies:
-        model = parallel.build_model(args).to(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        comm: dict = {}
-        model, opt = wrap(strategy, model, args, device)
-        seconds = []
-        for x, y in batches:
-            mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
-            start = time.perf_counter()
-            with traffic.count() as seen:
-                opt.zero_grad()  # the last step's gradients stay: they are measured below
-                loss = parallel.lm_loss(model(x[mine]), y[mine])
-                loss.backward()
-                opt.step()
-            seconds.append(time.perf_counter() - start)
-            comm = dict(seen)  # the bytes of the last step
-        per_rank = memory.state_bytes(model, opt)
-        per_rank["peak_cuda"] = memory.peak_cuda_bytes(device) or 0
-        ranks = [None] * n
-        dist.all_gather_object(ranks, per_rank) if n > 1 else ranks.__setitem__(0, per_rank)
-        state = full_state(model)
-        step_s = labdist.average(min(seconds)) if n > 1 else min(seconds)
-        if rank == 0:
-            err = parallel.relative_error(
-                state, {k: v.cpu() for k, v in reference.state_dict().items()}
-            )
-            metrics.emit(
-                {
-                    "event": "sharded",
-                    "strategy": strategy,
-                    "procs": n,
-                    "steps": args.steps,
-                    "per_rank": ranks,
-                    "comm_bytes": comm,
-                    "weights_rel_err": err,
-                    "step_s": step_s,
-                }
-            )
-            mib = {k: f"{ranks[0][k] / 2**20:.2f}" for k in ("params", "grads", "optimizer")}
-            print(
-                f"{strategy:5s} on {n}: rank 0 holds {mib} MiB; one step moved {comm} bytes; "
-                f"weights vs one process {err:.1e}; {step_s * 1e3:.1f} ms per step",
-                flush=True,
-            )
+        run = train_strategy(strategy, args, batches, info)
+        if reference is not None:
+            report(strategy, args, run, reference)
             if args.checkpoint and strategy == args.strategies[-1]:
-                plain = parallel.build_model(args)
-                plain.load_state_dict(state)
-                models.save(args.checkpoint, plain, steps=args.steps, strategy=strategy, procs=n)
-                print(f"saved {args.checkpoint}", flush=True)
-        del model, opt
+                save(args, strategy, run["state"], info.world_size)
     labdist.shutdown()
 
 
