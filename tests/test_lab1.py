@@ -4,9 +4,11 @@ gradient variance ~ 1/B, the 2/λ_max stability threshold, learning-rate decay).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import matplotlib
 
@@ -396,6 +398,37 @@ def test_capped_batches_are_kept_out_of_the_fit(steps_module):
     assert not steps_module.claims(missing)[0].ok
 
 
+def test_a_later_first_check_skips_evaluations_not_crossings(steps_module, monkeypatch):
+    """Checks from step 24 lie on the grid that starts at step 1, so the crossing is the
+    same for fewer evaluations; a run already at the target at its first check is
+    flagged as unbracketed."""
+    now = {"step": 0}
+    monkeypatch.setattr(steps_module, "evaluate", lambda m, loader: {"acc": now["step"] / 100})
+
+    def run(first_check: int):
+        stopper = steps_module.StopAtAccuracy(None, 0.8, 1, 1000, first_check=first_check)
+        trainer = SimpleNamespace(model=None, stop_training=False)
+        for now["step"] in range(1, 1000):
+            stopper.on_batch_end(trainer, now["step"], 0.0)
+            if trainer.stop_training:
+                break
+        return stopper
+
+    full, late, too_late = run(1), run(24), run(90)
+    assert late.checks == [c for c in full.checks if c[0] >= 24] and len(late.checks) < 12
+    assert late.reached_at == full.reached_at == pytest.approx(80, abs=1)
+    setup = steps_module.Setup(batches=(8,))
+    checks = {(8, 0): late.checks, (8, 1): too_late.checks}
+    m = steps_module.Measured(setup, {8: [late.reached_at, too_late.reached_at]}, checks)
+    assert m.unbracketed() == [(8, 1)]
+
+
+# What the claims need of the notebook's cpu experiment: the uncapped batch sizes (the
+# capped one is drawn but never judged), checked from step FIRST_CHECK on (no crossing
+# lies near it: the earliest, at B = 128 and 256, are bracketed from step 46).
+FIRST_CHECK = 25
+
+
 @pytest.mark.science
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # minutes of CPU; far longer on cores shared with other jobs
@@ -405,10 +438,12 @@ def test_steps_to_target_claim_holds_on_the_cpu_profile(steps_module):
     (``pytest -rP`` shows it). Without the data it fails (it does not skip)."""
     from lab_utils import profile
 
+    full = steps_module.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
+    uncapped = tuple(b for b in full.batches if not full.capped(b))
+    setup = dataclasses.replace(full, batches=uncapped, first_check=FIRST_CHECK)
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        setup = steps_module.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
         m = steps_module.measure(setup, torch.device("cpu"), progress=False)
     finally:
         torch.set_num_threads(before)
@@ -416,5 +451,6 @@ def test_steps_to_target_claim_holds_on_the_cpu_profile(steps_module):
     claims = steps_module.claims(m)
     for c in claims:
         print(c.line())
+    assert m.unbracketed() == [], "reached at the first check: lower FIRST_CHECK"
     assert len(claims) == 3
     assert all(c.ok for c in claims), "\n".join(c.line() for c in claims)

@@ -11,7 +11,9 @@ until its held-out accuracy reaches the target. The accuracy is checked after st
 and then whenever the step count has grown by ``growth`` (the same resolution on a
 log axis at every batch size), and the step at which the target is crossed is
 interpolated between the last check below it and the first at or above it, so the
-result does not jump with the grid of checks.
+result does not jump with the grid of checks. A ``first_check`` above 1 skips the
+evaluations of that grid before it: the same crossings, for fewer evaluations, as long
+as no run reaches the target at its first check (``Measured.unbracketed``).
 
 The learning rate grows linearly with the batch from ``lr_smallest`` and is capped
 at ``lr_max``. A capped batch trains at less than the linear rate, so it is drawn
@@ -62,6 +64,7 @@ class Setup:
     width: int = 16  # channels of the CNN's first conv layer
     max_images: int = 200_000  # give up after this many training images
     growth: float = 1.15  # the step count grows by this between two accuracy checks
+    first_check: int = 1  # steps before it are never checked (a check costs an evaluation)
 
     def lr(self, batch: int) -> float:
         """Linear scaling from the smallest batch, capped at ``lr_max``."""
@@ -121,17 +124,25 @@ class StopAtAccuracy(Callback):
     """Evaluate on a held-out loader every so often; stop once ``target`` is reached."""
 
     def __init__(
-        self, loader, target: float, batch_size: int, max_images: int, growth: float = 1.15
+        self,
+        loader,
+        target: float,
+        batch_size: int,
+        max_images: int,
+        growth: float = 1.15,
+        first_check: int = 1,
     ) -> None:
         self.loader, self.target, self.growth = loader, target, growth
         self.max_steps = max(1, max_images // batch_size)
-        self.next_check = 1
+        self.next_check, self.first_check = 1, first_check
         self.checks: list[tuple[int, float]] = []
 
     def on_batch_end(self, trainer: Trainer, step: int, loss: float) -> None:
         if step < self.next_check:
             return
         self.next_check = max(step + 1, math.ceil(step * self.growth))
+        if step < self.first_check:
+            return  # on the same grid of steps as from step 1, without evaluating
         accuracy = evaluate(trainer.model, self.loader)["acc"]
         self.checks.append((step, accuracy))
         if accuracy >= self.target or step >= self.max_steps:
@@ -156,6 +167,15 @@ class Measured:
         found = [s if s is not None else math.inf for s in self.per_seed[batch]]
         m = statistics.median(found)
         return m if math.isfinite(m) else None
+
+    def unbracketed(self) -> list[tuple[int, int]]:
+        """The (batch, seed) runs that reached the target at their first check: their
+        crossing is only bounded from above (check earlier: a smaller ``first_check``)."""
+        return [
+            key
+            for key, checks in self.checks.items()
+            if checks and checks[0][1] >= self.setup.target_acc
+        ]
 
     def fitted(self) -> tuple[list[int], list[float]]:
         """The batches the slopes are fitted on (reached, below the cap) and their medians."""
@@ -197,7 +217,9 @@ def steps_to_target(
     torch.manual_seed(seed)
     model = models.build("fmnist_cnn", width=setup.width).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=setup.lr(batch), momentum=setup.momentum)
-    stopper = StopAtAccuracy(held_loader, setup.target_acc, batch, setup.max_images, setup.growth)
+    stopper = StopAtAccuracy(
+        held_loader, setup.target_acc, batch, setup.max_images, setup.growth, setup.first_check
+    )
     trainer = Trainer(model, optimizer, callbacks=[stopper], progress=False, device=device)
     loader = TensorLoader.from_dataset(train_set, "train", batch, seed=seed, device=device)
     with contextlib.redirect_stdout(io.StringIO()):  # the Trainer's per-epoch lines
