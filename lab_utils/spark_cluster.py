@@ -155,6 +155,24 @@ def local_cluster(
     wd = Path(tempfile.mkdtemp(prefix="labs-spark-")) if own_dir else Path(work_dir)
     wd.mkdir(parents=True, exist_ok=True)
     port, ui_port = free_port(), free_port()
+    env = _daemon_env(wd)
+    cluster = Cluster(url=f"spark://{HOST}:{port}", ui_url=f"http://{HOST}:{ui_port}", work_dir=wd)
+    try:
+        _start_master(cluster, port, ui_port, env, timeout)
+        for i in range(workers):
+            _start_worker(cluster, f"worker-{i + 1}", cores, memory, env)
+        _wait(
+            cluster, f"{workers} workers", lambda: len(cluster.alive_workers()) >= workers, timeout
+        )
+        yield cluster
+    finally:
+        cluster.stop()
+        if own_dir:
+            shutil.rmtree(wd, ignore_errors=True)
+
+
+def _daemon_env(wd: Path) -> dict[str, str]:
+    """The daemons' environment: on 127.0.0.1, logs and work in ``wd``."""
     env = dict(os.environ)
     env.update(
         SPARK_HOME=str(spark_home()),
@@ -164,48 +182,20 @@ def local_cluster(
         SPARK_LOG_DIR=str(wd),
         SPARK_DAEMON_MEMORY=env.get("SPARK_DAEMON_MEMORY", "256m"),
     )
-    cluster = Cluster(url=f"spark://{HOST}:{port}", ui_url=f"http://{HOST}:{ui_port}", work_dir=wd)
-    try:
-        _start(
-            cluster,
-            "master",
-            [
-                "org.apache.spark.deploy.master.Master",
-                "--host",
-                HOST,
-                "--port",
-                str(port),
-                "--webui-port",
-                str(ui_port),
-            ],
-            env,
-        )
-        _wait(cluster, "the master", lambda: cluster.state().get("status") == "ALIVE", timeout)
-        for i in range(workers):
-            _start(
-                cluster,
-                f"worker-{i + 1}",
-                [
-                    "org.apache.spark.deploy.worker.Worker",
-                    "--host",
-                    HOST,
-                    "--cores",
-                    str(cores),
-                    "--memory",
-                    memory,
-                    "--webui-port",
-                    str(free_port()),
-                    "--work-dir",
-                    str(wd),
-                    cluster.url,
-                ],
-                env,
-            )
-        _wait(
-            cluster, f"{workers} workers", lambda: len(cluster.alive_workers()) >= workers, timeout
-        )
-        yield cluster
-    finally:
-        cluster.stop()
-        if own_dir:
-            shutil.rmtree(wd, ignore_errors=True)
+    return env
+
+
+def _start_master(
+    cluster: Cluster, port: int, ui_port: int, env: dict[str, str], timeout: float
+) -> None:
+    args = ["--host", HOST, "--port", str(port), "--webui-port", str(ui_port)]
+    _start(cluster, "master", ["org.apache.spark.deploy.master.Master", *args], env)
+    _wait(cluster, "the master", lambda: cluster.state().get("status") == "ALIVE", timeout)
+
+
+def _start_worker(
+    cluster: Cluster, name: str, cores: int, memory: str, env: dict[str, str]
+) -> None:
+    args = ["--host", HOST, "--cores", str(cores), "--memory", memory]
+    args += ["--webui-port", str(free_port()), "--work-dir", str(cluster.work_dir), cluster.url]
+    _start(cluster, name, ["org.apache.spark.deploy.worker.Worker", *args], env)
