@@ -72,23 +72,29 @@ def load_flat(model: torch.nn.Module, vec: torch.Tensor) -> None:
 
 
 def communicate(
-    method: str, x: torch.Tensor, center: torch.Tensor, alpha: float, rnd: int, rank: int, n: int
+    method: str,
+    x: torch.Tensor,
+    center: torch.Tensor,
+    alpha: float,
+    rnd: int,
+    rank: int,
+    world_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One round of communication; returns this worker's new x and the new centre."""
     if method == "sgd":
         total = x.clone()
         dist.all_reduce(total)  # sum of the workers' weights
-        avg = total / n
+        avg = total / world_size
         return avg, avg.clone()
     if method == "easgd":
         total = x.clone()
         dist.all_reduce(total)
         diff = x - center
         # x~ + alpha * sum_i (x_i - x~) = x~ + alpha * (sum_i x_i - N x~)
-        new_center = center + alpha * (total - n * center)
+        new_center = center + alpha * (total - world_size * center)
         return x - alpha * diff, new_center
     # easgd-rr: worker k = rnd mod N alone meets the centre this round
-    k = rnd % n
+    k = rnd % world_size
     xk = x.clone()
     dist.broadcast(xk, src=k)
     diff = xk - center
@@ -103,12 +109,12 @@ def run(
     info: labdist.DistInfo,
 ) -> tuple[float, torch.nn.Module]:
     """One training run; returns the last test accuracy and a model holding the centre."""
-    n, rank, dev = info.world_size, info.rank, info.device
+    world_size, rank, dev = info.world_size, info.rank, info.device
     torch.manual_seed(args.seed)
     model = models.build("mlp", hidden=(args.hidden,)).to(dev)
     evaluator = models.build("mlp", hidden=(args.hidden,)).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    alpha = args.beta / n
+    alpha = args.beta / world_size
     center = flat(model).clone()
     x, y = data.x_train.to(dev), data.y_train.to(dev)
     acc, rnd = 0.0, 0
@@ -116,7 +122,7 @@ def run(
     def meet(step: int) -> None:  # a round of communication, then (sometimes) an evaluation
         nonlocal center, acc, rnd
         rnd += 1
-        new_x, center = communicate(method, flat(model), center, alpha, rnd - 1, rank, n)
+        new_x, center = communicate(method, flat(model), center, alpha, rnd - 1, rank, world_size)
         load_flat(model, new_x)
         if rank == 0 and (rnd % args.eval_every == 0 or step + tau > args.steps):
             load_flat(evaluator, center)
@@ -129,7 +135,7 @@ def run(
                     "round": rnd,
                     "step": step,
                     "acc": acc,
-                    "workers": n,
+                    "workers": world_size,
                     "alpha": alpha,
                 }
             )

@@ -103,14 +103,14 @@ def refuse_stale(ckpt: Path, attempt: int, resume: bool) -> None:
         )
 
 
-def batch_for(step: int, n: int, batch: int, rank: int, world: int, seed: int) -> torch.Tensor:
+def batch_for(step: int, n: int, batch: int, rank: int, world_size: int, seed: int) -> torch.Tensor:
     """This rank's sample indices at global step ``step`` (epoch = step // steps_per_epoch)."""
-    per_epoch = n // (batch * world)
+    per_epoch = n // (batch * world_size)
     if per_epoch < 1:
-        raise ValueError(f"{n} samples cannot fill one global batch of {batch * world}")
+        raise ValueError(f"{n} samples cannot fill one global batch of {batch * world_size}")
     epoch, i = divmod(step, per_epoch)
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-    start = (i * world + rank) * batch
+    start = (i * world_size + rank) * batch
     return perm[start : start + batch]
 
 
@@ -133,7 +133,7 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
     try to connect to a process that no longer exists), so each attempt rendezvouses
     under a prefix of its own.
     """
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     profile.configure_threads()
     device = profile.device()
     if device.type == "cuda":
@@ -141,26 +141,93 @@ def init_attempt(attempt: int) -> tuple[int, int, torch.device]:
         # Bit-exact resumes on GPUs need deterministic kernels (cuBLAS wants a fixed workspace).
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    if world == 1:
+    if world_size == 1:
         return 0, 1, device
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
-        world,
+        world_size,
         is_master=False,
         timeout=timedelta(seconds=60),
     )
     # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     nccl = device.type == "cuda" and local <= torch.cuda.device_count()
     dist.init_process_group(
         "nccl" if nccl else "gloo",
         store=dist.PrefixStore(f"attempt{attempt}", store),
         rank=rank,
-        world_size=world,
+        world_size=world_size,
         timeout=timedelta(seconds=60),
     )
-    return rank, world, device
+    return rank, world_size, device
+
+
+def resume(ckpt: Path, net: torch.nn.Module, opt: torch.optim.Optimizer, device) -> int:
+    """Load the weights, the optimizer state (momentum) and the step of the last
+    checkpoint, if there is one; the step to start from."""
+    if not ckpt.exists():
+        return 0
+    state = torch.load(ckpt, map_location=device, weights_only=True)
+    net.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    return state["step"]
+
+
+def kill_drill(step: int, args: argparse.Namespace, attempt: int, rank: int) -> None:
+    """--kill-at: on the first attempt, rank --kill-rank SIGKILLs itself at that step."""
+    if step != args.kill_at or attempt != 0:
+        return
+    # Rank 0 records the moment (the ranks left the previous step's all-reduce together).
+    metrics.emit({"event": "elastic_kill", "step": step, "time": time.time()})
+    if rank == args.kill_rank:
+        print(f"rank {rank}: SIGKILL at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_checkpoint(
+    net: torch.nn.Module, opt: torch.optim.Optimizer, step: int, ckpt: Path
+) -> None:
+    """Rank 0 writes weights, optimizer state and step, and records the time it took."""
+    t0 = time.perf_counter()
+    save_atomic({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt)
+    metrics.emit(
+        {
+            "event": "elastic_ckpt",
+            "step": step,
+            "time": time.time(),
+            "save_s": time.perf_counter() - t0,
+        }
+    )
+
+
+def train(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    net: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    data: tuple[torch.Tensor, torch.Tensor],
+    step: int,
+    attempt: int,
+    ckpt: Path,
+) -> tuple[int, list[float]]:
+    """Train from ``step`` to --steps, checkpointing every --ckpt-every steps; the step
+    reached and the seconds of this attempt's training steps (checkpoint writes excluded)."""
+    rank, world_size = labdist.rank(), labdist.world_size()
+    x, y = data
+    step_s: list[float] = []
+    while step < args.steps:
+        kill_drill(step, args, attempt, rank)
+        t0 = time.perf_counter()
+        idx = batch_for(step, len(x), args.batch_size, rank, world_size, args.seed)
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x[idx]), y[idx]).backward()  # DDP averages the gradients
+        opt.step()
+        step_s.append(time.perf_counter() - t0)
+        step += 1
+        if args.ckpt_every and step % args.ckpt_every == 0 and rank == 0:
+            save_checkpoint(net, opt, step, ckpt)
+    return step, step_s
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,22 +237,15 @@ def main(argv: list[str] | None = None) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ckpt = checkpoint_dir(args.ckpt_dir) / "checkpoint.pt"
     refuse_stale(ckpt, attempt, args.resume)  # before joining: no rank has written yet
-    rank, world, device = init_attempt(attempt)
-    main_rank = rank == 0
+    _rank, _world_size, device = init_attempt(attempt)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
-    x, y = data.x_train.to(device), data.y_train.to(device)
 
     torch.manual_seed(args.seed)
     net = models.build("mlp", hidden=(args.hidden,)).to(device)
     opt = torch.optim.SGD(net.parameters(), lr=args.lr, momentum=args.momentum)
-    step = 0
-    if ckpt.exists():  # resume: weights, optimizer state (momentum) and the step
-        state = torch.load(ckpt, map_location=device, weights_only=True)
-        net.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        step = state["step"]
-    model = DDP(net) if world > 1 else net
+    step = resume(ckpt, net, opt, device)
+    model = DDP(net) if dist.is_initialized() else net
     metrics.emit(
         {
             "event": "elastic_start",
@@ -196,40 +256,23 @@ def main(argv: list[str] | None = None) -> None:
             "ckpt_dir": str(ckpt.parent),
         }
     )
-    if main_rank:
-        print(f"attempt {attempt}: starting at step {step} ({ckpt.parent})", flush=True)
+    labdist.print0(f"attempt {attempt}: starting at step {step} ({ckpt.parent})")
+    train_xy = (data.x_train.to(device), data.y_train.to(device))
+    step, step_s = train(args, model, net, opt, train_xy, step, attempt, ckpt)
+    finish(args, net, data, attempt, step, step_s)
 
-    step_s: list[float] = []  # this attempt's training steps, checkpoint writes excluded
-    while step < args.steps:
-        if step == args.kill_at and attempt == 0:
-            # Rank 0 records the moment (the ranks left the previous step's all-reduce together).
-            metrics.emit({"event": "elastic_kill", "step": step, "time": time.time()})
-            if rank == args.kill_rank:
-                print(f"rank {rank}: SIGKILL at step {step}", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
-        t0 = time.perf_counter()
-        idx = batch_for(step, len(x), args.batch_size, rank, world, args.seed)
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x[idx]), y[idx]).backward()  # DDP averages the gradients
-        opt.step()
-        step_s.append(time.perf_counter() - t0)
-        step += 1
-        if args.ckpt_every and step % args.ckpt_every == 0 and main_rank:
-            t0 = time.perf_counter()
-            save_atomic(
-                {"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, ckpt
-            )
-            metrics.emit(
-                {
-                    "event": "elastic_ckpt",
-                    "step": step,
-                    "time": time.time(),
-                    "save_s": time.perf_counter() - t0,
-                }
-            )
 
+def finish(
+    args: argparse.Namespace,
+    net: torch.nn.Module,
+    data: tensordata.Tensors,
+    attempt: int,
+    step: int,
+    step_s: list[float],
+) -> None:
+    """Test accuracy, the final weights (rank 0), the attempt's record; then leave."""
     acc = tensordata.accuracy(net, data.x_test, data.y_test)
-    if main_rank and args.out:
+    if labdist.is_main() and args.out:
         models.save(args.out, net, step=step)
     metrics.emit(
         {
@@ -243,9 +286,8 @@ def main(argv: list[str] | None = None) -> None:
             "checksum": checksum(net),
         }
     )
-    if main_rank:
-        print(f"done: {step} steps, test accuracy {acc:.3f}, attempt {attempt}", flush=True)
-    if world > 1:
+    labdist.print0(f"done: {step} steps, test accuracy {acc:.3f}, attempt {attempt}")
+    if dist.is_initialized():
         dist.barrier()  # (Gloo on torch 2.13 may abort at exit without it)
         dist.destroy_process_group()
 

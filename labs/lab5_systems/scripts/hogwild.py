@@ -164,30 +164,9 @@ def conflicts(logs: dict[int, list], dense_size: int) -> tuple[int, int, float, 
     )
 
 
-def run_one(
-    kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Tensors, method: str
-) -> dict:
-    torch.manual_seed(args.seed)
-    model = build(kind)
-    model.share_memory()  # parameters in shared memory; gradients stay per process
-    x_train, x_test = data.x_train, data.x_test
-    if kind == "sparse":
-        x_train, x_test = hashed_patches(x_train), hashed_patches(x_test)
-    x_train.share_memory_()
-    data.y_train.share_memory_()
-    ctx = mp.get_context(method)
-    the_lock = ctx.Lock() if lock else None
-    log = ctx.Queue()
-    ready = ctx.Barrier(args.workers)
-    procs = [
-        ctx.Process(
-            target=train, args=(r, model, x_train, data.y_train, args, the_lock, log, ready)
-        )
-        for r in range(args.workers)
-    ]
-    start = time.perf_counter()
-    for p in procs:
-        p.start()
+def collect(procs: list, log, args: argparse.Namespace, start: float) -> dict[int, list]:
+    """Every worker's log of writes; stop the job on a dead worker or at --timeout, and
+    leave no worker behind."""
     logs: dict[int, list] = {}
     try:
         while len(logs) < args.workers:
@@ -208,13 +187,33 @@ def run_one(
             if p.is_alive():
                 p.kill()
                 p.join()
+    return logs
+
+
+def run_workers(model: nn.Module, x_train, y_train, args, lock: bool, method: str) -> dict:
+    """Start --workers processes on the shared model, all released together; their logs."""
+    ctx = mp.get_context(method)
+    the_lock = ctx.Lock() if lock else None
+    log = ctx.Queue()
+    ready = ctx.Barrier(args.workers)
+    procs = [
+        ctx.Process(target=train, args=(r, model, x_train, y_train, args, the_lock, log, ready))
+        for r in range(args.workers)
+    ]
+    start = time.perf_counter()
+    for p in procs:
+        p.start()
+    return collect(procs, log, args, start)
+
+
+def report(kind: str, lock: bool, args, model: nn.Module, logs: dict, acc: float) -> dict:
+    """Emit and print one run: updates per second, accuracy and the conflict counts."""
     first = min(w[0][0] for w in logs.values())
     last = max(w[-1][1] for w in logs.values())
     size = sum(p.numel() for p in model.parameters())
-    n, overlapped, collided, when_overlapping = conflicts(logs, size)
-    acc = tensordata.accuracy(model, x_test, data.y_test)
+    updates, overlapped, collided, when_overlapping = conflicts(logs, size)
     touched = (
-        sum(len(r) for ws in logs.values() for _, _, r in ws) / n * 10  # 10 per row
+        sum(len(r) for ws in logs.values() for _, _, r in ws) / updates * 10  # 10 per row
         if kind == "sparse"
         else size
     )
@@ -223,9 +222,9 @@ def run_one(
         "model": kind,
         "lock": lock,
         "workers": args.workers,
-        "updates": n,
+        "updates": updates,
         "seconds": last - first,
-        "updates_per_s": n / (last - first),
+        "updates_per_s": updates / (last - first),
         "acc": acc,
         "overlapped": overlapped,
         "collided": collided,
@@ -236,12 +235,31 @@ def run_one(
     metrics.emit(rec)
     print(
         f"{kind:>6} model, {'lock   ' if lock else 'no lock'}, {args.workers} workers: "
-        f"{rec['updates_per_s']:6.0f} updates/s, test accuracy {acc:.3f}; {overlapped}/{n} writes "
-        f"overlapped another worker's; of the weights these wrote, {when_overlapping:.1%} "
-        f"collided ({collided:.2%} of all written); {touched:,.0f} of {size:,} weights per update",
+        f"{rec['updates_per_s']:6.0f} updates/s, test accuracy {acc:.3f}; {overlapped}/{updates} "
+        f"writes overlapped another worker's; of the weights these wrote, "
+        f"{when_overlapping:.1%} collided ({collided:.2%} of all written); "
+        f"{touched:,.0f} of {size:,} weights per update",
         flush=True,
     )
     return rec
+
+
+def run_one(
+    kind: str, lock: bool, args: argparse.Namespace, data: tensordata.Tensors, method: str
+) -> dict:
+    """One model trained by --workers processes on shared parameters, with or without
+    the lock."""
+    torch.manual_seed(args.seed)
+    model = build(kind)
+    model.share_memory()  # parameters in shared memory; gradients stay per process
+    x_train, x_test = data.x_train, data.x_test
+    if kind == "sparse":
+        x_train, x_test = hashed_patches(x_train), hashed_patches(x_test)
+    x_train.share_memory_()
+    data.y_train.share_memory_()
+    logs = run_workers(model, x_train, data.y_train, args, lock, method)
+    acc = tensordata.accuracy(model, x_test, data.y_test)
+    return report(kind, lock, args, model, logs, acc)
 
 
 def main(argv: list[str] | None = None) -> None:

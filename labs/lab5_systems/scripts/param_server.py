@@ -42,6 +42,16 @@ from lab_utils import metrics, models, profile, tensordata
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = profile.script_parser(__doc__)
+    add_training_args(p)
+    add_timing_args(p)
+    add_run_args(p)
+    args = p.parse_args(argv)
+    check_args(p, args)
+    return args
+
+
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """The job: servers and workers, the model, the data and the servers' optimizer."""
     p.add_argument(
         "--mode",
         choices=("sync", "async"),
@@ -61,6 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=128, help="hidden units of the MLP")
     p.add_argument("--n-train", type=int, default=10000, help="Fashion-MNIST training images")
     p.add_argument("--n-test", type=int, default=2000, help="test images for the accuracy")
+    p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
+
+
+def add_timing_args(p: argparse.ArgumentParser) -> None:
+    """Simulated compute, a straggler, and the points of the accuracy-vs-time curve."""
     p.add_argument(
         "--delay",
         type=float,
@@ -81,7 +96,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="points of the accuracy-vs-time curve: the server's model at evenly "
         "spaced update counts",
     )
-    p.add_argument("--seed", type=int, default=0, help="initial weights and batches")
+
+
+def add_run_args(p: argparse.ArgumentParser) -> None:
+    """Timeouts, fault injection and where the final weights go."""
     p.add_argument(
         "--rpc-timeout",
         type=float,
@@ -101,7 +119,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "'server:VERSION' (shard 0 dies at that version)",
     )
     p.add_argument("--save", default="", help="write the final weights here (rank 0)")
-    args = p.parse_args(argv)
+
+
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Stop with a usage error on values that cannot make a job."""
     if args.shards < 1:
         p.error("--shards must be >= 1")
     if args.delay < 0:
@@ -110,7 +131,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--straggler must be between 1 and --steps")
     if args.straggler > 1 and args.mode == "sync":
         p.error("--straggler needs --mode async (a synchronous round needs every worker's push)")
-    return args
 
 
 def build_model(args: argparse.Namespace) -> torch.nn.Module:
@@ -323,8 +343,24 @@ def finish(
     stats = [shard_stats()] + [rpc.rpc_sync(s, shard_stats) for s in servers[1:]]
     reports = SHARD.reports
     start = min(r["start"] for r in reports.values())
-    end = max(r["end"] for r in reports.values())
     model = build_model(args)
+    accuracy_curve(args, model, stats, owned, data, start)
+    load(list(model.parameters()), owned, [st["weights"] for st in stats])  # the final weights
+    final_acc = tensordata.accuracy(model, data.x_test, data.y_test)
+    if args.save:
+        models.save(args.save, model, mode=args.mode, optimizer=args.optimizer)
+    summarize(args, stats, reports, final_acc)
+
+
+def accuracy_curve(
+    args: argparse.Namespace,
+    model: torch.nn.Module,
+    stats: list[dict],
+    owned: list[list[int]],
+    data: tensordata.Tensors,
+    start: float,
+) -> None:
+    """Emit the test accuracy of the initial weights and of every snapshot."""
     params = list(model.parameters())
     metrics.emit(
         {
@@ -344,19 +380,20 @@ def finish(
         metrics.emit(
             {"event": "ps_eval", "mode": args.mode, "updates": version, "t": t - start, "acc": acc}
         )
-    load(params, owned, [st["weights"] for st in stats])  # the final weights, from the servers
-    final_acc = tensordata.accuracy(model, data.x_test, data.y_test)
-    if args.save:
-        models.save(args.save, model, mode=args.mode, optimizer=args.optimizer)
+
+
+def summarize(args: argparse.Namespace, stats: list[dict], reports: dict, final_acc: float) -> None:
+    """Emit and print the job's throughput, staleness and server load."""
+    start = min(r["start"] for r in reports.values())
+    wall = max(r["end"] for r in reports.values()) - start
     workers = len(reports)
     grads = sum(r["steps"] for r in reports.values())
-    wall = end - start
     staleness = stats[0]["staleness"]
     summary = {
         "event": "ps_summary",
         "mode": args.mode,
         "workers": workers,
-        "shards": len(servers),
+        "shards": len(stats),
         "optimizer": args.optimizer,
         "steps": args.steps,
         "delay": args.delay,
@@ -376,7 +413,7 @@ def finish(
     }
     metrics.emit(summary)
     print(
-        f"{args.mode} PS, {len(servers)} shard(s), {workers} workers: {grads} gradients in "
+        f"{args.mode} PS, {len(stats)} shard(s), {workers} workers: {grads} gradients in "
         f"{wall:.2f} s = {grads / wall:.0f}/s; {stats[0]['version']} updates; staleness mean "
         f"{summary['mean_staleness']:.2f} max {summary['max_staleness']}; server busy "
         f"{', '.join(f'{b:.0%}' for b in summary['server_busy'])}; test accuracy {final_acc:.3f}",
@@ -398,15 +435,15 @@ def main(argv: list[str] | None = None) -> None:
     global SHARD
     warnings.filterwarnings("ignore", message="You are using a Backend")  # rpc's own init
     args = parse_args(argv)
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world <= args.shards:
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world_size <= args.shards:
         sys.exit(
             f"param_server.py needs more processes than --shards={args.shards} "
-            f"(got {world}): start it with torchrun --nproc-per-node N"
+            f"(got {world_size}): start it with torchrun --nproc-per-node N"
         )
     profile.configure_threads()
     servers = [f"ps{k}" for k in range(args.shards)]
-    workers = world - args.shards
+    workers = world_size - args.shards
     name = servers[rank] if rank < args.shards else f"worker{rank - args.shards}"
     template = list(build_model(args).parameters())
     owned = partition(template, args.shards)
@@ -421,7 +458,7 @@ def main(argv: list[str] | None = None) -> None:
     # RPC's agent holds a Gloo group and threads: the rank must end as every rank that joined
     # a group does, without finalizing the interpreter under them (sys.exit keeps the status)
     labdist.leave_at_exit()
-    rpc.init_rpc(name, rank=rank, world_size=world, rpc_backend_options=opts)
+    rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
     try:
         if rank >= args.shards:
             work(args, rank - args.shards, workers, servers, owned, data)

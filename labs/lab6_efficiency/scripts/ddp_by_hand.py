@@ -48,7 +48,7 @@ class HandDDP:
         self, model: torch.nn.Module, bucket_bytes: int, *, overlap: bool = True, bug: str = "none"
     ) -> None:
         self.model, self.overlap, self.bug = model, overlap, bug
-        self.n = dist.get_world_size()
+        self.world_size = dist.get_world_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:  # [1] everybody starts from rank 0's weights
             dist.broadcast(p.data, src=0)
@@ -80,7 +80,7 @@ class HandDDP:
         for work, flat, k in self.pending:
             work.wait()
             if self.bug != "no_average":
-                flat /= self.n
+                flat /= self.world_size
             offset = 0
             for p in self.buckets[k]:
                 if p.grad is not None:
@@ -123,9 +123,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def my_batch(args: argparse.Namespace, data, step: int, device: torch.device):
     """This rank's share of the global batch of ``step``."""
-    rank, n = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     x, y = data.batch(args.batch_size, args.seq_len, step, args.seed)
-    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    mine = slice(rank * args.batch_size // world_size, (rank + 1) * args.batch_size // world_size)
     return x[mine].to(device), y[mine].to(device)
 
 
@@ -136,9 +136,7 @@ def grads_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def equivalence(args: argparse.Namespace, bug: str, data, device: torch.device) -> dict:
     """Train HandDDP and DDP side by side; the largest relative difference of the
     averaged gradients over the steps, and of the weights at the end."""
-    torch.manual_seed(
-        args.seed + 1 + dist.get_rank()
-    )  # different starts: the broadcast must fix them
+    torch.manual_seed(args.seed + 1 + dist.get_rank())  # different starts: [1] must fix them
     mine = parallel.build_model(args).to(device)
     for q in mine.parameters():  # a model that differs on every rank before [1]
         q.data.add_(torch.randn_like(q), alpha=0.01 * dist.get_rank())
@@ -269,44 +267,29 @@ def replay_exposed(bucket_bytes: list[int], backward_s: float, alpha: float, bet
     return max(0.0, free - backward_s)
 
 
-def main() -> None:
-    args = parse_args()
-    n = parallel.require_batch_split(args.batch_size)
-    info = labdist.init(group_if_alone=True)
-    device = info.device
-    data = parallel.corpus(args)
-
+def check_equivalence(args: argparse.Namespace, data, device: torch.device) -> None:
+    """Part 1: HandDDP against DDP for every --bugs entry."""
     for bug in args.bugs:
         eq = equivalence(args, bug, data, device)
-        metrics.emit({**eq, "procs": n})
+        metrics.emit({**eq, "procs": dist.get_world_size()})
         labdist.print0(
             f"HandDDP (bug={bug}, {eq['buckets']} buckets) vs DDP after {args.steps} steps: "
             f"gradients differ by {eq['grad_rel_err']:.1e}, weights by {eq['weight_rel_err']:.1e}"
         )
-    if args.no_timing:
-        labdist.shutdown()
-        return
 
-    # -- 2. naive vs overlapped vs DDP, same bucket size, interleaved
-    kb = args.bucket_kb[0]
-    side = [
-        Variant("naive", args, device, kb, "naive"),
-        Variant("overlapped", args, device, kb, "overlap"),
-        Variant("DDP", args, device, kb, "ddp"),
-    ]
-    interleaved_times(side, args, data, device)
-    # -- 3. the bucket sizes, overlapped, interleaved; backward without any communication
-    alone = Variant("no communication", args, device, kb, "none")
-    caps = [Variant(f"{b:g} KiB", args, device, b, "overlap") for b in args.bucket_kb]
-    interleaved_times([alone, *caps], args, data, device)
-    sizes = [2**k for k in range(10, 23, 2)]
-    ar = allreduce_times(device, sizes, args.repeats)
-    alpha, beta = fit_alpha_beta(sizes, ar)
-    backward_s = statistics.median(alone.backward_seconds)
-    psi_bytes = sum(p.numel() * p.element_size() for p in alone.model.parameters())
+
+def bucket_bytes(hand: HandDDP) -> list[int]:
+    """Bytes of each of HandDDP's buckets, in the order they are sent."""
+    return [sum(p.numel() * p.element_size() for p in bucket) for bucket in hand.buckets]
+
+
+def predict_buckets(
+    caps: list[Variant], args: argparse.Namespace, backward_s: float, alpha: float, beta: float
+) -> list[dict]:
+    """For each --bucket-kb: its measured step times and the α–β replay's exposed time."""
     per_cap = []
-    for b, v in zip(args.bucket_kb, caps):
-        bb = [sum(p.numel() * p.element_size() for p in bucket) for bucket in v.hand.buckets]
+    for b, v in zip(args.bucket_kb, caps, strict=True):
+        bb = bucket_bytes(v.hand)
         per_cap.append(
             {
                 "bucket_kb": b,
@@ -315,27 +298,58 @@ def main() -> None:
                 "predicted_exposed_s": replay_exposed(bb, backward_s, alpha, beta),
             }
         )
-    result = {
-        "event": "timing",
-        "procs": n,
-        "repeats": args.repeats,
-        "bucket_kb": kb,
-        "psi_bytes": psi_bytes,
-        "variants": {v.name: v.seconds for v in side},
-        "alpha_s": alpha,
-        "beta_s_per_byte": beta,
-        "allreduce_bytes": sizes,
-        "allreduce_s": ar,
-        "backward_s": backward_s,
-        "no_comm_step_s": alone.seconds,
-        "caps": per_cap,
-    }
-    metrics.emit(result)
+    return per_cap
+
+
+def timing(args: argparse.Namespace, data, device: torch.device) -> None:
+    """Parts 2 and 3: naive, overlapped and DDP timed interleaved; then the bucket sizes
+    against backward without communication, and the α–β model's prediction."""
+    kb = args.bucket_kb[0]
+    side = [
+        Variant("naive", args, device, kb, "naive"),
+        Variant("overlapped", args, device, kb, "overlap"),
+        Variant("DDP", args, device, kb, "ddp"),
+    ]
+    interleaved_times(side, args, data, device)
+    alone = Variant("no communication", args, device, kb, "none")
+    caps = [Variant(f"{b:g} KiB", args, device, b, "overlap") for b in args.bucket_kb]
+    interleaved_times([alone, *caps], args, data, device)
+    sizes = [2**k for k in range(10, 23, 2)]
+    ar = allreduce_times(device, sizes, args.repeats)
+    alpha, beta = fit_alpha_beta(sizes, ar)
+    backward_s = statistics.median(alone.backward_seconds)
+    metrics.emit(
+        {
+            "event": "timing",
+            "procs": dist.get_world_size(),
+            "repeats": args.repeats,
+            "bucket_kb": kb,
+            "psi_bytes": sum(p.numel() * p.element_size() for p in alone.model.parameters()),
+            "variants": {v.name: v.seconds for v in side},
+            "alpha_s": alpha,
+            "beta_s_per_byte": beta,
+            "allreduce_bytes": sizes,
+            "allreduce_s": ar,
+            "backward_s": backward_s,
+            "no_comm_step_s": alone.seconds,
+            "caps": predict_buckets(caps, args, backward_s, alpha, beta),
+        }
+    )
     med = {v.name: statistics.median(v.seconds) * 1e3 for v in side}
     labdist.print0("median step (ms): " + ", ".join(f"{k} {t:.1f}" for k, t in med.items()))
     labdist.print0(
         f"all-reduce fit: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s"
     )
+
+
+def main() -> None:
+    args = parse_args()
+    parallel.require_batch_split(args.batch_size)
+    info = labdist.init(group_if_alone=True)
+    data = parallel.corpus(args)
+    check_equivalence(args, data, info.device)
+    if not args.no_timing:
+        timing(args, data, info.device)
     labdist.shutdown()
 
 

@@ -53,16 +53,18 @@ class FunctionalBytes(TorchDispatchMode):
         "reduce_scatter_tensor": "reduce_scatter",
     }
 
-    def __init__(self, world: int) -> None:
+    def __init__(self, world_size: int) -> None:
         super().__init__()
-        self.world, self.bytes, self.calls = world, Counter(), Counter()
+        self.world_size, self.bytes, self.calls = world_size, Counter(), Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.__name__.split(".")[0]
         if func.namespace == "_c10d_functional" and name in self.KINDS:
             t = args[0]
             size = (
-                t.numel() * t.element_size() * (self.world if name.startswith("all_gather") else 1)
+                t.numel()
+                * t.element_size()
+                * (self.world_size if name.startswith("all_gather") else 1)
             )
             self.bytes[self.KINDS[name]] += size
             self.calls[self.KINDS[name]] += 1
@@ -109,8 +111,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device) -> dict:
     """DDP, ZeRO-1 or FSDP (Lab 4's wrap): each rank its share of the batch."""
-    rank, n = dist.get_rank(), dist.get_world_size()
-    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    mine = slice(rank * args.batch_size // world_size, (rank + 1) * args.batch_size // world_size)
     model, opt = wrap(strategy, parallel.build_model(args).to(device), args, device)
     counted: dict = {}
     for i, (x, y) in enumerate(batches):
@@ -145,10 +147,12 @@ def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:
 
 def pipeline_step(args: argparse.Namespace, batches, device) -> dict:
     """One stage per rank (contiguous layers), GPipe with --microbatches micro-batches."""
-    rank, p = dist.get_rank(), dist.get_world_size()
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     model = parallel.build_model(args).to(device)
-    stage_module = torch.nn.Sequential(*[model.layers[i] for i in model.stage_layers(rank, p)])
-    stage = PipelineStage(stage_module, rank, p, device)
+    stage_module = torch.nn.Sequential(
+        *[model.layers[i] for i in model.stage_layers(rank, world_size)]
+    )
+    stage = PipelineStage(stage_module, rank, world_size, device)
     schedule = ScheduleGPipe(stage, n_microbatches=args.microbatches, loss_fn=parallel.lm_loss)
     opt = torch.optim.Adam(stage_module.parameters(), lr=args.lr)
     sent: Counter = Counter()
@@ -157,28 +161,31 @@ def pipeline_step(args: argparse.Namespace, batches, device) -> dict:
             opt.zero_grad()
             if rank == 0:
                 schedule.step(x)
-            elif rank == p - 1:
+            elif rank == world_size - 1:
                 schedule.step(target=y)
             else:
                 schedule.step()
             opt.step()
         if i == len(batches) - 1:  # the first step also inferred the shapes
             sent = seen
-    per_rank = [None] * p
+    per_rank = [None] * world_size
     dist.all_gather_object(per_rank, sent["p2p"])
     return {"bytes": {"p2p": sum(per_rank)}, "calls": {}, "p2p_per_rank": per_rank}
 
 
 def main() -> None:
     args = parse_args()
-    n = labdist.detect().world_size
-    parallel.require(n >= 2, "run on at least 2 processes: alone nothing is communicated")
+    world_size = labdist.detect().world_size
+    parallel.require(world_size >= 2, "run on at least 2 processes: alone nothing is communicated")
     parallel.require(
-        args.batch_size % n == 0 and args.batch_size % args.microbatches == 0,
-        f"--batch-size {args.batch_size} must divide by {n} processes and by "
+        args.batch_size % world_size == 0 and args.batch_size % args.microbatches == 0,
+        f"--batch-size {args.batch_size} must divide by {world_size} processes and by "
         f"--microbatches {args.microbatches}",
     )
-    parallel.require(args.heads % n == 0, f"{n} processes cannot split {args.heads} heads evenly")
+    parallel.require(
+        args.heads % world_size == 0,
+        f"{world_size} processes cannot split {args.heads} heads evenly",
+    )
     info = labdist.init()
     device = info.device
     data = parallel.corpus(args)
@@ -188,7 +195,7 @@ def main() -> None:
     ]
     model = parallel.build_model(args)
     shape = {
-        "procs": n,
+        "procs": world_size,
         "psi": sum(q.numel() for q in model.parameters()),
         "d_model": args.d_model,
         "layers": args.layers,

@@ -68,8 +68,8 @@ def profiled_run(
     )
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
     data = parallel.corpus(args)
-    rank, n = dist.get_rank(), dist.get_world_size()
-    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    mine = slice(rank * args.batch_size // world_size, (rank + 1) * args.batch_size // world_size)
     steps = args.warmup + args.active
     path = out / f"ddp_b{cap:g}_rank{rank}.json"
     with profile(
@@ -90,7 +90,7 @@ def profiled_run(
 
 def main() -> None:
     args = parse_args()
-    n = parallel.require_batch_split(args.batch_size)
+    world_size = parallel.require_batch_split(args.batch_size)
     info = labdist.init(group_if_alone=True)
     out = Path(args.out) if args.out else paths.runs_dir("lab6") / "traces"
     out.mkdir(parents=True, exist_ok=True)
@@ -103,11 +103,11 @@ def main() -> None:
             {
                 "event": "trace",
                 "bucket_cap_mb": cap,
-                "procs": n,
+                "procs": world_size,
                 "psi": psi,
                 "active_steps": args.active,
                 "buckets": buckets,
-                "paths": [str(out / f"ddp_b{cap:g}_rank{r}.json") for r in range(n)],
+                "paths": [str(out / f"ddp_b{cap:g}_rank{r}.json") for r in range(world_size)],
             }
         )
         labdist.print0(
