@@ -91,6 +91,13 @@ def read(path: Path, max_mb: float) -> dict[str, Any]:
             "bad_checkpoint",
             f"{path.name} is {size_mb:.0f} MB; the target allows at most {max_mb:g} MB",
         )
+    obj = _load(path)
+    _check_contract(obj, path.name)
+    return obj
+
+
+def _load(path: Path) -> Any:
+    """``torch.load(weights_only=True)`` of a zip written by torch.save, or the refusal."""
     # O_NOFOLLOW: a link swapped in after locate() is refused, not followed.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
@@ -101,7 +108,7 @@ def read(path: Path, max_mb: float) -> dict[str, Any]:
                     f"{path.name} is not a file written by torch.save (not a zip archive)",
                 )
             f.seek(0)
-            obj = torch.load(f, map_location="cpu", weights_only=True)
+            return torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointRejected:
         raise
     except pickle.UnpicklingError as e:
@@ -117,17 +124,20 @@ def read(path: Path, max_mb: float) -> dict[str, Any]:
             "unreadable_checkpoint",
             f"{path.name} cannot be read by torch.load: {type(e).__name__}: {e}",
         ) from None
+
+
+def _check_contract(obj: Any, name: str) -> None:
+    """A dict of a registry name, plain keyword arguments and a tensor state_dict."""
     if not isinstance(obj, dict):
         raise CheckpointRejected(
             "bad_checkpoint",
-            f"{path.name} holds a {type(obj).__name__}, not a dict {{arch, kwargs, state_dict}}",
+            f"{name} holds a {type(obj).__name__}, not a dict {{arch, kwargs, state_dict}}",
         )
     missing = [k for k in ("arch", "kwargs", "state_dict") if k not in obj]
     if missing:
         raise CheckpointRejected(
             "bad_checkpoint",
-            f"{path.name} lacks {', '.join(missing)}; "
-            f"it has {', '.join(map(str, obj)) or 'no keys'}",
+            f"{name} lacks {', '.join(missing)}; it has {', '.join(map(str, obj)) or 'no keys'}",
         )
     if not isinstance(obj["arch"], str):
         raise CheckpointRejected("bad_checkpoint", "'arch' must be a registry name (a string)")
@@ -144,7 +154,6 @@ def read(path: Path, max_mb: float) -> dict[str, Any]:
             "'state_dict' must map parameter names to "
             "tensors (model.state_dict() of the bare model)",
         )
-    return obj
 
 
 def _why_refused(e: Exception) -> str:

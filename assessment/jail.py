@@ -281,29 +281,45 @@ def command(
     exe = bwrap()
     if exe is None:
         raise JailError(f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
-    args = [
-        exe,
-        "--die-with-parent",
-        "--new-session",
-        "--unshare-pid",
-        "--unshare-net",
-        "--unshare-ipc",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--cap-drop",
-        "ALL",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/dev/shm",
-        "--ro-bind",
-        "/sys",
-        "/sys",
-    ]
+    args = [exe, *ISOLATION]
+    shown = _show_readable(args, repo, data_dir)
+    args += _masks(shown, hide)
+    args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
+    if gpu:
+        for dev in gpu_devices():
+            args += ["--dev-bind", dev, dev]
+    args += ["--hostname", "localhost", "--remount-ro", "/"]
+    return [*args, "--", *cmd]
+
+
+# Its own session, PID, network, IPC and host name, no capabilities, fresh /proc, /dev,
+# /tmp and /dev/shm, and /sys read-only.
+ISOLATION = (
+    "--die-with-parent",
+    "--new-session",
+    "--unshare-pid",
+    "--unshare-net",
+    "--unshare-ipc",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--cap-drop",
+    "ALL",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/tmp",
+    "--tmpfs",
+    "/dev/shm",
+    "--ro-bind",
+    "/sys",
+    "/sys",
+)
+
+
+def _show_readable(args: list[str], repo: Path, data_dir: Path | None) -> set[str]:
+    """Add the read-only binds of what a job may read; the set of folders shown."""
     shown: set[str] = set()
     for p in SYSTEM_PATHS:
         _show(Path(p), args, shown)
@@ -318,6 +334,13 @@ def command(
         _show(repo / "assessment" / name, args, shown)
     if data_dir is not None:
         _show(data_dir, args, shown)
+    return shown
+
+
+def _masks(shown: set[str], hide: list[Path] | tuple[Path, ...]) -> list[str]:
+    """Empty read-only folders over the dataset folders inside a shown one (the system
+    dataset folders and ``hide``), each once (not inside another mask)."""
+    args: list[str] = []
     masked: list[str] = []
     for folder in sorted({*map(str, ldata.SYSTEM_DIRS), *(str(Path(h).resolve()) for h in hide)}):
         inside_shown = any(folder.startswith(p + "/") for p in shown)
@@ -328,12 +351,7 @@ def command(
         ):
             masked.append(folder)
             args += ["--tmpfs", folder, "--remount-ro", folder]
-    args += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir)]
-    if gpu:
-        for dev in gpu_devices():
-            args += ["--dev-bind", dev, dev]
-    args += ["--hostname", "localhost", "--remount-ro", "/"]
-    return [*args, "--", *cmd]
+    return args
 
 
 def sandbox_env(workdir: Path, data_dir: Path | None) -> dict[str, str]:

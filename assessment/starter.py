@@ -98,6 +98,36 @@ def test_accuracy(
     return correct / total
 
 
+def train_epoch(
+    model: torch.nn.Module,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    recipe: dict,
+    stats: tuple[torch.Tensor, torch.Tensor],
+    epoch: int,
+    start: float,
+) -> None:
+    """One pass over the training images, a step of the optimiser per batch."""
+    mean, std = stats
+    device = mean.device
+    for step, (x, y) in enumerate(loader):
+        x, y = x.to(device), y.to(device)
+        if recipe["augment"]:
+            x = random_flip(random_crop(x, pad=4))
+        loss = F.cross_entropy(model(normalise(x, mean, std)), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % 100 == 0:
+            print(
+                f"epoch {epoch + 1} step {step}/{len(loader)} loss {loss.item():.4f}"
+                f"  {time.perf_counter() - start:.0f}s",
+                flush=True,
+            )
+
+
 def main() -> None:
     args = parse_args()
     recipe = RECIPES[args.dataset]
@@ -138,21 +168,7 @@ def main() -> None:
     )
 
     for epoch in range(epochs):
-        for step, (x, y) in enumerate(train_loader):
-            x, y = x.to(device), y.to(device)
-            if recipe["augment"]:
-                x = random_flip(random_crop(x, pad=4))
-            loss = F.cross_entropy(model(normalise(x, mean, std)), y)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            if step % 100 == 0:
-                print(
-                    f"epoch {epoch + 1} step {step}/{len(train_loader)} loss {loss.item():.4f}"
-                    f"  {time.perf_counter() - start:.0f}s",
-                    flush=True,
-                )
+        train_epoch(model, train_loader, optimizer, schedule, recipe, (mean, std), epoch, start)
         acc = test_accuracy(model, val_loader, mean, std, device)
         print(
             f"epoch {epoch + 1}/{epochs}: validation accuracy {acc:.2%}  "

@@ -77,3 +77,64 @@ def slurm():
         pytest.skip(problem)
     with slurm_cluster.local_cluster() as cluster:
         yield cluster
+
+
+# --------------------------------------------------------------------------- graded references
+# The reference solutions graded on the shipped CPU targets, each under one launcher.
+# tests/test_grader.py checks their verdicts and tests/test_grader_data_parallel.py
+# their exchanged bytes: both read the same gradings, made once per test session.
+REFERENCE_GRADINGS = {  # (script, launcher) -> shipped target
+    ("reference_ddp.py", "torchrun"): "cpu-2proc",
+    ("reference_horovod.py", "mpirun"): "cpu-2proc",
+    ("reference_ddp.py", "mpirun"): "cpu-cifar-standin",
+    ("reference_horovod.py", "horovodrun"): "cpu-cifar-standin",
+}
+# Whether a reference beats the real budget is a timing claim, measured by
+# `lab-grade calibrate` and the benchmarks, never asserted in a test: a reference gets
+# four times the real budget and grace, and must still reach the real accuracy.
+ROOM_FOR_REFERENCES = 4.0
+
+
+def reference_target(script: str, launcher: str):
+    """The shipped target of a reference grading, with room that load cannot use up."""
+    import dataclasses
+
+    from assessment import targets
+
+    real = targets.load(REFERENCE_GRADINGS[(script, launcher)])
+    return dataclasses.replace(
+        real,
+        budget_s=real.budget_s * ROOM_FOR_REFERENCES,
+        grace_s=real.grace_s * ROOM_FOR_REFERENCES,
+    )
+
+
+@pytest.fixture(scope="session")
+def graded_reference(tmp_path_factory, worker_id):
+    """``graded_reference(script, launcher)``: the report of that reference graded on its
+    target of REFERENCE_GRADINGS, graded once per test session. Under pytest-xdist the
+    workers share it through a file under the session's common temporary folder, taken
+    under a lock: the first worker to ask grades, the others wait and read it."""
+    import fcntl
+    import json
+
+    from assessment import grade
+    from assessment.report import Report
+
+    base = tmp_path_factory.getbasetemp()
+    cache = (base if worker_id == "master" else base.parent) / "graded-references"
+    cache.mkdir(exist_ok=True)
+
+    def graded(script: str, launcher: str) -> Report:
+        target = reference_target(script, launcher)
+        stored = cache / f"{Path(script).stem}-{launcher}-{target.name}.json"
+        with open(stored.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            if not stored.exists():
+                path = REPO / "assessment" / "solutions" / script
+                grade.grade(path, target, launcher=launcher).write_json(stored)
+        data = json.loads(stored.read_text())
+        names = set(Report.__dataclass_fields__)
+        return Report(**{k: v for k, v in data.items() if k in names})
+
+    return graded

@@ -39,30 +39,27 @@ from lab_utils.train import evaluate
 PER_PROCESS_BATCH = {"fashion-mnist": 128}
 
 
-def main() -> None:
-    args = parse_args(__doc__.split("\n\n")[0])
-    recipe = RECIPES[args.dataset]
-    per_process = PER_PROCESS_BATCH.get(args.dataset, recipe["batch_size"])
-    epochs = args.epochs or recipe["epochs"]
-    start = time.perf_counter()
+def join() -> tuple[int, int, torch.device, str]:
+    """Phase 1: join the job: (rank, world size, this process's device, launcher)."""
     launcher = dist.set_torch_env_from_launcher().launcher
     rank, k = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])
-    cuda = torch.cuda.is_available()
-    if cuda:
+    if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(max(1, os.cpu_count() // int(os.environ["LOCAL_WORLD_SIZE"])))
-    backend = "nccl" if cuda else "gloo"
+    backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = timedelta(seconds=dist.default_timeout_s())
     tdist.init_process_group(backend, timeout=timeout)
+    return rank, k, device, launcher
 
-    # The test split is the grader's (its sandbox shows the training split alone):
-    # accuracy is reported on a validation part of the training split.
-    ds = data.load(args.dataset).holdout(VALIDATION_SHARE)
-    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP also broadcasts)
+
+def build_model(recipe: dict, ds: data.Dataset, device: torch.device, seed: int) -> tuple:
+    """Phase 2: the same initial weights on every rank, wrapped in DDP: (model, net)."""
+    cuda = device.type == "cuda"
+    torch.manual_seed(seed)  # the same initial weights everywhere (DDP also broadcasts)
     model = models.build(
         recipe["arch"],
         in_channels=ds.x_train.shape[1],
@@ -71,15 +68,22 @@ def main() -> None:
     ).to(device)
     if cuda:
         model = model.to(memory_format=torch.channels_last)
-    net = DDP(model, device_ids=[local_rank] if cuda else None)
-    torch.manual_seed(args.seed + rank)  # a different augmentation stream per rank
+    net = DDP(model, device_ids=[device.index] if cuda else None)
+    return model, net
 
+
+def make_loaders(
+    recipe: dict, ds: data.Dataset, per_process: int, seed: int, device: torch.device
+) -> tuple[TensorLoader, TensorLoader]:
+    """Phase 3: this rank's shard of every epoch, and its part of the test images."""
+    rank, k = tdist.get_rank(), tdist.get_world_size()
+    cuda = device.type == "cuda"
     train_loader = TensorLoader.from_dataset(
         ds,
         "train",
         per_process,
         shuffle=True,
-        seed=args.seed,
+        seed=seed,
         rank=rank,
         world_size=k,
         drop_last=True,
@@ -91,35 +95,46 @@ def main() -> None:
     test_loader = TensorLoader.from_dataset(
         ds, "test", 1000, rank=rank, world_size=k, device=device, channels_last=cuda
     )
+    return train_loader, test_loader
 
-    batch = per_process * k  # the global batch of one step
+
+def make_optimizer(
+    net: torch.nn.Module, recipe: dict, batch: int, steps_per_epoch: int, epochs: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, float]:
+    """Phase 4: the learning rate scaled with the global ``batch`` (linear rule) and
+    warmed up from the single-process rate over half an epoch: (optimizer, schedule, lr)."""
     lr = optim.scale_lr(recipe["lr"], recipe["batch_size"], batch, "linear")
     optimizer = torch.optim.SGD(
         net.parameters(), lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4
     )
-    total_steps = epochs * len(train_loader)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
         optim.lr_schedule(
-            total_steps,
-            warmup_steps=max(1, len(train_loader) // 2),
+            epochs * steps_per_epoch,
+            warmup_steps=max(1, steps_per_epoch // 2),
             warmup_start=recipe["batch_size"] / batch,
             decay="linear",
         ),
     )
-    autocast_dtype = torch.bfloat16 if cuda else None
-    dist.print0(
-        f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} "
-        f"epochs, batch {per_process} x {k} processes ({launcher}, "
-        f"{backend}), lr {lr:g}",
-        flush=True,
-    )
+    return optimizer, schedule, lr
 
+
+def train(
+    net: torch.nn.Module,
+    train_loader: TensorLoader,
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    epochs: int,
+    autocast_dtype: torch.dtype | None,
+    start: float,
+) -> None:
+    """Phase 5: the training loop; DDP all-reduces the gradients inside backward()."""
+    device_type = next(net.parameters()).device.type
     for epoch in range(epochs):
         train_loader.set_epoch(epoch)
         for step, (x, y) in enumerate(train_loader):
             with torch.autocast(
-                device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None
+                device_type, dtype=autocast_dtype, enabled=autocast_dtype is not None
             ):
                 loss = F.cross_entropy(net(x), y)
             optimizer.zero_grad(set_to_none=True)
@@ -132,15 +147,49 @@ def main() -> None:
                     f"{loss.item():.4f}  {time.perf_counter() - start:.0f}s"
                 )
 
+
+def finish(
+    model: torch.nn.Module,
+    test_loader: TensorLoader,
+    autocast_dtype: torch.dtype | None,
+    start: float,
+) -> None:
+    """Phase 6: exact evaluation over all ranks, rank 0 saves, everyone leaves together."""
     result = evaluate(model, test_loader, autocast_dtype=autocast_dtype)
     dist.print0(
         f"validation accuracy {result['acc']:.2%} on {result['n']} images after "
         f"{time.perf_counter() - start:.0f}s"
     )
-    if rank == 0:
+    if tdist.get_rank() == 0:
         models.save(CHECKPOINT, model)
     tdist.barrier()
     tdist.destroy_process_group()
+
+
+def main() -> None:
+    args = parse_args(__doc__.split("\n\n")[0])
+    recipe = RECIPES[args.dataset]
+    per_process = PER_PROCESS_BATCH.get(args.dataset, recipe["batch_size"])
+    epochs = args.epochs or recipe["epochs"]
+    start = time.perf_counter()
+    rank, k, device, launcher = join()
+    # The test split is the grader's (its sandbox shows the training split alone):
+    # accuracy is reported on a validation part of the training split.
+    ds = data.load(args.dataset).holdout(VALIDATION_SHARE)
+    model, net = build_model(recipe, ds, device, args.seed)
+    torch.manual_seed(args.seed + rank)  # a different augmentation stream per rank
+    train_loader, test_loader = make_loaders(recipe, ds, per_process, args.seed, device)
+    batch = per_process * k  # the global batch of one step
+    optimizer, schedule, lr = make_optimizer(net, recipe, batch, len(train_loader), epochs)
+    autocast_dtype = torch.bfloat16 if device.type == "cuda" else None
+    dist.print0(
+        f"{ds.name}: {len(ds.x_train)} training images, {recipe['arch']}, {epochs} "
+        f"epochs, batch {per_process} x {k} processes ({launcher}, "
+        f"{tdist.get_backend()}), lr {lr:g}",
+        flush=True,
+    )
+    train(net, train_loader, optimizer, schedule, epochs, autocast_dtype, start)
+    finish(model, test_loader, autocast_dtype, start)
 
 
 if __name__ == "__main__":
