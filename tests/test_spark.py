@@ -1,7 +1,10 @@
 """Horovod on a local Spark standalone cluster: the Lab 2.6 script, and a failing rank.
 
 Every process the script starts (master, workers, executors, Python workers, Horovod
-ranks) inherits a marker in its environment; after the run none may be left.
+ranks) inherits a marker in its environment; after the run none may be left. The
+training and the failing job run on one cluster started once for this file (the
+script's ``--master``): each leaves no executor behind on it, and none of its processes
+outlives it. The interrupt test starts the script's own cluster, as a student does.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from lab_utils import launch
+from lab_utils import launch, spark_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "labs" / "lab2_data_parallel" / "scripts"
@@ -96,69 +99,113 @@ def test_marker_finds_processes():
     assert wait_none_left(marker) == []
 
 
-def test_script_trains_on_two_executors(tmp_path):
+@pytest.fixture(scope="class")
+def cluster():
+    """One standalone cluster (a master, two workers of one core) for the jobs of
+    :class:`TestOnOneCluster`, stopped before the next test starts a cluster of its own.
+    Its JVMs and every executor they start carry a marker of their own: once it has
+    stopped, none may be left."""
     marker = secrets.token_hex(8)
-    job = launch.run(
-        SCRIPT,
-        SMALL,
-        nprocs=1,
-        launcher="python",
-        timeout=600,
-        env={"LABS_SPARK_TEST": marker},
-        cwd=SCRIPTS.parent,
-    )
-    job.check()
-    s = job.metrics[-1]
-    assert s["script"] == "horovod_spark" and s["world_size"] == 2
-    assert sorted(r["rank"] for r in s["ranks"]) == [0, 1]
-    executors = {r["executor_id"] for r in s["ranks"]}
-    assert len(executors) == 2, f"both ranks in one executor: {s['ranks']}"
-    # The Spark UI's record of the Horovod job: one task per rank, on those executors.
-    horovod_tasks = [t for t in s["tasks"] if t["executor_id"] in executors]
-    assert {t["executor_id"] for t in horovod_tasks} == executors
-    assert sum(s["class_counts"].values()) == 256
-    assert 0.0 <= s["val_acc"] <= 1.0 and s["steps"] == 4  # 256 / (2 ranks × 32)
-    assert "cluster stopped" in job.output
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LABS_SPARK_TEST", marker)  # local_cluster passes its environment on
+        with spark_cluster.local_cluster(workers=2, cores=1) as c:
+            mp.delenv("LABS_SPARK_TEST")  # the jobs' drivers carry the test's own marker
+            yield c
     assert wait_none_left(marker) == []
 
 
-def test_failing_training_function_ends_the_job(tmp_path):
-    """A training function that raises fails the Spark job; its error reaches the
-    driver's output, and no JVM or Python worker is left."""
-    driver = tmp_path / "broken_driver.py"
-    driver.write_text(
-        textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {str(SCRIPTS)!r})
-        import train_horovod_spark as t
+def executors(c: spark_cluster.Cluster) -> list[str]:
+    """The command lines of ``c``'s live executors: none once a job has ended."""
+    return [line for p in c.processes() if "ExecutorBackend" in (line := command_line(p))]
 
-        def broken(*args, **kwargs):
-            import horovod.torch as hvd
-            hvd.init()
-            raise ValueError(f"rank {{hvd.rank()}} broke on purpose")
 
-        t.train_fn = broken
-        t.main(sys.argv[1:])
-    """)
-    )
-    marker = secrets.token_hex(8)
-    job = launch.run(
-        driver,
-        [*SMALL, "--timeout", "120"],
-        nprocs=1,
-        launcher="python",
-        timeout=600,
-        env={"LABS_SPARK_TEST": marker},
-        cwd=tmp_path,
-    )
-    assert not job.ok
-    assert "broke on purpose" in job.output, job.output[-3000:]
-    assert wait_none_left(marker) == []
+def wait_no_executors(c: spark_cluster.Cluster, timeout: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while (left := executors(c)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return [line[:200] for line in left]
+
+
+def test_executor_check_finds_an_executor(tmp_path):
+    """The check that a job left no executor can fail: a process named like one, below
+    a cluster's daemon, is found until it ends."""
+    daemon = subprocess.Popen(["bash", "-c", "exec -a CoarseGrainedExecutorBackend sleep 30"])
+    c = spark_cluster.Cluster(url="spark://x:1", ui_url="http://x:2", work_dir=tmp_path)
+    c.procs.append(daemon)
+    try:
+        assert len(executors(c)) == 1
+    finally:
+        daemon.kill()
+        daemon.wait()
+    assert wait_no_executors(c, timeout=5) == []
+
+
+class TestOnOneCluster:
+    """The script's jobs on a running cluster (``--master``), as on a shared one."""
+
+    def test_script_trains_on_two_executors(self, cluster):
+        marker = secrets.token_hex(8)
+        job = launch.run(
+            SCRIPT,
+            [*SMALL, "--master", cluster.url],
+            nprocs=1,
+            launcher="python",
+            timeout=600,
+            env={"LABS_SPARK_TEST": marker},
+            cwd=SCRIPTS.parent,
+        )
+        job.check()
+        s = job.metrics[-1]
+        assert s["script"] == "horovod_spark" and s["world_size"] == 2
+        assert sorted(r["rank"] for r in s["ranks"]) == [0, 1]
+        executors = {r["executor_id"] for r in s["ranks"]}
+        assert len(executors) == 2, f"both ranks in one executor: {s['ranks']}"
+        # The Spark UI's record of the Horovod job: one task per rank, on those executors.
+        horovod_tasks = [t for t in s["tasks"] if t["executor_id"] in executors]
+        assert {t["executor_id"] for t in horovod_tasks} == executors
+        assert sum(s["class_counts"].values()) == 256
+        assert 0.0 <= s["val_acc"] <= 1.0 and s["steps"] == 4  # 256 / (2 ranks × 32)
+        assert wait_none_left(marker) == []
+        assert wait_no_executors(cluster) == []
+
+    def test_failing_training_function_ends_the_job(self, tmp_path, cluster):
+        """A training function that raises fails the Spark job; its error reaches the
+        driver's output, and no JVM or Python worker is left."""
+        driver = tmp_path / "broken_driver.py"
+        driver.write_text(
+            textwrap.dedent(f"""
+            import sys
+            sys.path.insert(0, {str(SCRIPTS)!r})
+            import train_horovod_spark as t
+
+            def broken(*args, **kwargs):
+                import horovod.torch as hvd
+                hvd.init()
+                raise ValueError(f"rank {{hvd.rank()}} broke on purpose")
+
+            t.train_fn = broken
+            t.main(sys.argv[1:])
+        """)
+        )
+        marker = secrets.token_hex(8)
+        job = launch.run(
+            driver,
+            [*SMALL, "--timeout", "120", "--master", cluster.url],
+            nprocs=1,
+            launcher="python",
+            timeout=600,
+            env={"LABS_SPARK_TEST": marker},
+            cwd=tmp_path,
+        )
+        assert not job.ok
+        assert "broke on purpose" in job.output, job.output[-3000:]
+        assert wait_none_left(marker) == []
+        assert wait_no_executors(cluster) == []
 
 
 def test_interrupt_stops_the_cluster(tmp_path):
     """Ctrl-C while Spark's executors are up: the script's `with` block stops every
-    JVM itself (no supervisor in between)."""
+    JVM of the cluster it started itself (no supervisor in between)."""
     marker = secrets.token_hex(8)
     env = dict(os.environ, LABS_SPARK_TEST=marker, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(
