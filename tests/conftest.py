@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import psutil
 import pytest
@@ -38,17 +35,6 @@ def processes_matching(marker: str) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return found
-
-
-def load_script(path: Path, name: str | None = None) -> ModuleType:
-    """A lab script (not a package module) imported from its file; its folder goes on
-    ``sys.path`` so that it can import its neighbours (hybrid.py imports tensor_parallel.py)."""
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    spec = importlib.util.spec_from_file_location(name or f"script_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def sandbox_or_skip() -> None:

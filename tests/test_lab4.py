@@ -10,13 +10,14 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, load_script, processes_matching
+from conftest import REPO, processes_matching
 from torch.nn import functional as F
 
 from lab_utils import launch, memory, models, parallel, text
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
 from lab_utils.solutions import lab4 as solutions
+from lab_utils.source import load_script
 
 LAB = REPO / "labs" / "lab4_model_parallel"
 SCRIPTS = LAB / "scripts"

@@ -11,12 +11,13 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import REPO, load_script
+from conftest import REPO
 from torch.distributed.checkpoint.api import CheckpointException
 
 from lab_utils import launch, models
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
+from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "reshard_checkpoint.py"
 TINY = [

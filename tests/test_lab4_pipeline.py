@@ -10,11 +10,12 @@ from contextlib import redirect_stdout
 
 import pytest
 import torch
-from conftest import REPO, load_script, processes_matching
+from conftest import REPO, processes_matching
 
 from lab_utils import launch, models, parallel, timeline
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
+from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline.py"
 TINY = [

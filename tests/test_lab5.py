@@ -10,12 +10,13 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, load_script, processes_matching
+from conftest import REPO, processes_matching
 
 from lab_utils import launch, tensordata
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab5 as checks
 from lab_utils.solutions import lab5 as solutions
+from lab_utils.source import load_script
 
 LAB = REPO / "labs" / "lab5_systems"
 SCRIPTS = LAB / "scripts"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_script
+
+from lab_utils.source import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_SH = ROOT / "scripts" / "setup.sh"
