@@ -100,65 +100,40 @@ def prepare(spark: Any, ds: data.Dataset, store: Path) -> dict[str, int]:
 
 
 # ----------------------------------------------------------------------------- each rank
-def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[str, Any]:
-    """One Horovod rank, run by horovod.spark.run inside a Spark task: the training of
-    train_horovod.py, with the images read from the Parquet files Spark wrote."""
-    import os
-    import socket
-    import time
-
-    import horovod.torch as hvd
+def read_split(store: str, split: str) -> tuple:
+    """One split of the Parquet files Spark wrote, as (images, labels) tensors."""
     import numpy as np
     import pyarrow.parquet as pq
     import torch
 
-    from lab_utils import models, optim
+    t = pq.read_table(store, filters=[("split", "=", split)]).sort_by("id")
+    images = np.frombuffer(b"".join(t.column("image").to_pylist()), dtype=np.uint8)
+    x = torch.from_numpy(images.copy()).reshape(-1, 1, 28, 28)
+    return x, torch.tensor(t.column("label").to_numpy(), dtype=torch.int64)
+
+
+def shard_loaders(
+    args: dict[str, Any], store: str, mean: tuple, std: tuple, rank: int, world_size: int
+) -> tuple:
+    """This rank's shard of the training images (shuffled) and of the test images."""
     from lab_utils.loader import TensorLoader
+
+    x_train, y_train = read_split(store, "train")
+    x_test, y_test = read_split(store, "test")
+    shard = {"mean": mean, "std": std, "rank": rank, "world_size": world_size}
+    train = TensorLoader(x_train, y_train, args["batch_size"], seed=args["seed"], **shard)
+    test = TensorLoader(x_test, y_test, 512, shuffle=False, even_shards=False, **shard)
+    return train, test
+
+
+def fit(model, optimizer, lr: float, args: dict[str, Any], train, test) -> dict[str, Any]:
+    """train_horovod.py's schedule (a gradual warm-up to N × lr, then a cosine to 0, as
+    in Lab 3) and training loop: steps, seconds, the last loss and accuracy."""
+    import torch
+
+    from lab_utils import optim
     from lab_utils.train import StepTimer, Trainer
 
-    hvd.init()
-    torch.manual_seed(args["seed"])
-
-    def tensors(split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        t = pq.read_table(store, filters=[("split", "=", split)]).sort_by("id")
-        images = np.frombuffer(b"".join(t.column("image").to_pylist()), dtype=np.uint8)
-        x = torch.from_numpy(images.copy()).reshape(-1, 1, 28, 28)
-        return x, torch.tensor(t.column("label").to_numpy(), dtype=torch.int64)
-
-    x_train, y_train = tensors("train")
-    x_test, y_test = tensors("test")
-    train = TensorLoader(
-        x_train,
-        y_train,
-        args["batch_size"],
-        seed=args["seed"],
-        mean=mean,
-        std=std,
-        rank=hvd.rank(),
-        world_size=hvd.size(),
-    )
-    test = TensorLoader(
-        x_test,
-        y_test,
-        512,
-        shuffle=False,
-        even_shards=False,
-        mean=mean,
-        std=std,
-        rank=hvd.rank(),
-        world_size=hvd.size(),
-    )
-
-    model = models.build("fmnist_cnn", width=args["width"], batch_norm=False)
-    torch.manual_seed(args["seed"] + hvd.rank())
-    # train_horovod.py's rule: N × lr, reached by a gradual warm-up, then a cosine to 0 (Lab 3)
-    lr = optim.scale_lr(args["lr"], args["batch_size"], args["batch_size"] * hvd.size(), "linear")
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=lr, momentum=0.9, weight_decay=args["weight_decay"]
-    )
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     timer = StepTimer(0)
     start = time.perf_counter()
     total = args["epochs"] * len(train)
@@ -169,21 +144,51 @@ def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[
     )
     trainer = Trainer(model, optimizer, scheduler=schedule, callbacks=[timer], progress=False)
     history = trainer.fit(train, args["epochs"], val_loader=test)
-    # Where this rank ran: a Spark executor's working folder is <work dir>/<app>/<executor id>.
+    return {
+        "steps": trainer.step,
+        "seconds": time.perf_counter() - start,
+        "train_loss": history.last["train_loss"],
+        "val_acc": history.last["val_acc"],
+    }
+
+
+def where_this_rank_ran() -> dict[str, Any]:
+    """Host, process and Spark executor of this rank: an executor's working folder is
+    <work dir>/<app>/<executor id>."""
+    import socket
+
     cwd = os.getcwd()
     return {
-        "rank": hvd.rank(),
-        "size": hvd.size(),
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "executor_id": os.path.basename(cwd),
         "cwd": cwd,
-        "steps": trainer.step,
-        "seconds": time.perf_counter() - start,
-        "lr": lr,
-        "train_loss": history.last["train_loss"],
-        "val_acc": history.last["val_acc"],
     }
+
+
+def train_fn(args: dict[str, Any], store: str, mean: tuple, std: tuple) -> dict[str, Any]:
+    """One Horovod rank, run by horovod.spark.run inside a Spark task: the training of
+    train_horovod.py, with the images read from the Parquet files Spark wrote."""
+    import horovod.torch as hvd
+    import torch
+
+    from lab_utils import models, optim
+
+    hvd.init()
+    torch.manual_seed(args["seed"])
+    train, test = shard_loaders(args, store, mean, std, hvd.rank(), hvd.size())
+    model = models.build("fmnist_cnn", width=args["width"], batch_norm=False)
+    torch.manual_seed(args["seed"] + hvd.rank())
+    # train_horovod.py's rule: N × lr, reached by a gradual warm-up (in fit)
+    lr = optim.scale_lr(args["lr"], args["batch_size"], args["batch_size"] * hvd.size(), "linear")
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=lr, momentum=0.9, weight_decay=args["weight_decay"]
+    )
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    run = fit(model, optimizer, lr, args, train, test)
+    return {"rank": hvd.rank(), "size": hvd.size(), **where_this_rank_ran(), "lr": lr, **run}
 
 
 # ----------------------------------------------------------------------------- driver
