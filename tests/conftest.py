@@ -23,6 +23,23 @@ def _isolated_runs(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("LABS_RUNS", str(tmp_path_factory.mktemp("runs")))
 
 
+def tiny_transformer(layers: int = 2, steps: int | None = 1) -> list[str]:
+    """Options of the smallest character transformer the Lab 4 and Lab 6 scripts accept."""
+    args = [
+        "--d-model",
+        "32",
+        "--heads",
+        "4",
+        "--seq-len",
+        "16",
+        "--batch-size",
+        "8",
+        "--n-chars",
+        "20000",
+    ]
+    return [*args, "--layers", str(layers), *(["--steps", str(steps)] if steps else [])]
+
+
 def processes_matching(marker: str) -> list[psutil.Process]:
     """Live processes (not zombies) whose command line mentions ``marker``."""
     found = []

@@ -18,7 +18,8 @@ import sys
 import pytest
 
 from lab_utils import launch
-from tests.conftest import JOBS, REPO, load_script
+from lab_utils.source import load_script
+from tests.conftest import JOBS, REPO
 
 soak = load_script(REPO / "scripts" / "exit_soak.py")
 

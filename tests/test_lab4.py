@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, processes_matching
+from conftest import REPO, processes_matching, tiny_transformer
 from torch.nn import functional as F
 
 from lab_utils import launch, memory, models, parallel, text
@@ -22,22 +22,7 @@ from lab_utils.source import load_script
 LAB = REPO / "labs" / "lab4_model_parallel"
 SCRIPTS = LAB / "scripts"
 QUICK = {"LABS_PROFILE": "quick"}
-TINY = [
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--steps",
-    "1",
-    "--n-chars",
-    "20000",
-]
+TINY = tiny_transformer(layers=4)
 
 
 def run(script: str, args, *, nprocs: int, timeout: float = 240, env=None) -> launch.LaunchResult:

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import REPO
+from conftest import REPO, tiny_transformer
 from torch.distributed.checkpoint.api import CheckpointException
 
 from lab_utils import launch, models
@@ -20,22 +20,7 @@ from lab_utils.checks import lab4 as checks
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "reshard_checkpoint.py"
-TINY = [
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "2",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--steps",
-    "1",
-    "--n-chars",
-    "20000",
-]
+TINY = tiny_transformer()
 
 
 def run(args, nprocs):

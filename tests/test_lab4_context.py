@@ -12,12 +12,13 @@ import sys
 from contextlib import redirect_stdout
 
 import pytest
-from conftest import REPO, load_script
+from conftest import REPO
 
 from lab_utils import launch
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
 from lab_utils.solutions import lab4 as reference
+from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "context_parallel.py"
 TINY = ["--d-model", "32", "--seq-len", "32", "--seq-lens", "32", "64", "--repeats", "1"]

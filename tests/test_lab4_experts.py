@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, tiny_transformer
 
 from lab_utils import launch, models, moe
 from lab_utils.checks import CheckFailed
@@ -17,22 +17,7 @@ from lab_utils.checks import lab4 as checks
 from lab_utils.solutions import lab4 as solutions
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "experts.py"
-TINY = [
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "2",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--steps",
-    "2",
-    "--n-chars",
-    "20000",
-]
+TINY = tiny_transformer(steps=2)
 
 
 def test_reference_router_passes_its_check():

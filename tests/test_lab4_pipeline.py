@@ -10,7 +10,7 @@ from contextlib import redirect_stdout
 
 import pytest
 import torch
-from conftest import REPO, processes_matching
+from conftest import REPO, processes_matching, tiny_transformer
 
 from lab_utils import launch, models, parallel, timeline
 from lab_utils.checks import CheckFailed
@@ -18,22 +18,7 @@ from lab_utils.checks import lab4 as checks
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline.py"
-TINY = [
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--steps",
-    "1",
-    "--n-chars",
-    "20000",
-]
+TINY = tiny_transformer(layers=4)
 
 
 def run(args, *, nprocs: int, timeout: float = 240, env=None) -> launch.LaunchResult:

@@ -11,33 +11,15 @@ import sys
 from contextlib import redirect_stdout
 
 import pytest
-from conftest import REPO, load_script
+from conftest import REPO, tiny_transformer
 
 from lab_utils import launch, models, timeline
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
+from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline_schedules.py"
-TINY = [
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "4",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--steps",
-    "1",
-    "--n-chars",
-    "20000",
-    "--microbatches",
-    "4",
-    "--repeats",
-    "2",
-]
+TINY = [*tiny_transformer(layers=4), "--microbatches", "4", "--repeats", "2"]
 SCHEDULES = ["1f1b", "interleaved", "zbv"]
 
 

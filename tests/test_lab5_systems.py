@@ -14,11 +14,12 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, load_script, processes_matching
+from conftest import REPO, processes_matching
 
 from lab_utils import launch, models, tensordata
 from lab_utils.checks import lab5 as checks
 from lab_utils.plots import lab5 as plots
+from lab_utils.source import load_script
 
 matplotlib.use("Agg")
 

@@ -7,29 +7,17 @@ and the profiler script under mpirun. The notebooks run the scripts with torchru
 import os
 
 import pytest
-from conftest import REPO, load_script
+from conftest import REPO, tiny_transformer
 
 from lab_utils import launch, trace
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab6 as checks
 from lab_utils.solutions import lab6 as solutions
+from lab_utils.source import load_script
 
 SCRIPTS = REPO / "labs" / "lab6_efficiency" / "scripts"
 QUICK = {"LABS_PROFILE": "quick"}
-TINY = [
-    "--d-model",
-    "32",
-    "--heads",
-    "4",
-    "--layers",
-    "2",
-    "--seq-len",
-    "16",
-    "--batch-size",
-    "8",
-    "--n-chars",
-    "20000",
-]
+TINY = tiny_transformer(steps=None)
 
 
 def events_of(result: launch.LaunchResult, kind: str) -> list[dict]:
