@@ -62,7 +62,12 @@ def run(settings: Settings) -> Report:
                 ASSESSMENT / "solutions" / "reference_horovod.py",
                 "mpirun",
             )
-    widened = dataclasses.replace(real, budget_s=real.budget_s * 4, grace_s=real.grace_s * 4)
+    # Quick proves the path on a machine that may be busy with other jobs: a budget no
+    # ordinary load can exhaust. The full run times against 4x, then compares with 1x.
+    widen = 20 if settings.quick else 4
+    widened = dataclasses.replace(
+        real, budget_s=real.budget_s * widen, grace_s=real.grace_s * widen
+    )
     accuracy: dict[str, float] = {}
 
     def contender(name: str):
