@@ -1,6 +1,6 @@
 """4. Data-parallel scaling on CPU: DDP with 2 processes vs 1, and Horovod vs DDP.
 
-Runs Lab 2's exported scripts the way the notebook does (``lab_utils.launch``), one
+Runs Lab 2's scripts the way the notebook does (``lab_utils.launch``), one
 intra-op thread per process, the batch per process fixed (weak scaling, as in the
 lab). One process is ``train_serial.py`` (no process group, no DDP: the baseline a
 student starts from); two are ``train_ddp.py`` under ``torchrun``. Throughput is what the script itself reports: images per second over its
