@@ -17,6 +17,24 @@ REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Longest first: pytest-xdist (``--dist loadscope``) hands out whole modules, classes
+    and notebooks in collection order, so the science claims, then the modules with slow
+    tests, start at once and the many short ones fill in at the end; the two workers
+    then finish together instead of one waiting on the other's last long test."""
+
+    def scope(item: pytest.Item) -> str:  # how loadscope groups tests
+        return item.nodeid.rsplit("::", 1)[0]
+
+    rank: dict[str, int] = {}
+    for item in items:
+        kind = (
+            0 if item.get_closest_marker("science") else 1 if item.get_closest_marker("slow") else 2
+        )
+        rank[scope(item)] = min(rank.get(scope(item), 2), kind)
+    items.sort(key=lambda item: rank[scope(item)])  # stable: each scope keeps its order
+
+
 @pytest.fixture(autouse=True)
 def _isolated_runs(tmp_path_factory, monkeypatch):
     """Runs (checkpoints, metrics) go to a temporary folder, never into the repo."""
