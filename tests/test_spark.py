@@ -170,7 +170,9 @@ class TestOnOneCluster:
 
     def test_failing_training_function_ends_the_job(self, tmp_path, cluster):
         """A training function that raises fails the Spark job; its error reaches the
-        driver's output, and no JVM or Python worker is left."""
+        driver's output, and no JVM or Python worker is left. The ranks fail before
+        reading any data, so the driver skips Spark's data step (the training test runs
+        it): the job is the Horovod one alone."""
         driver = tmp_path / "broken_driver.py"
         driver.write_text(
             textwrap.dedent(f"""
@@ -184,6 +186,7 @@ class TestOnOneCluster:
                 raise ValueError(f"rank {{hvd.rank()}} broke on purpose")
 
             t.train_fn = broken
+            t.prepare = lambda spark, ds, store: {{}}
             t.main(sys.argv[1:])
         """)
         )

@@ -231,10 +231,11 @@ def session(master: str, num_proc: int) -> Any:
     python = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", spark_cluster.HOST)  # the driver's JVM too
     os.environ.setdefault("PYSPARK_PYTHON", python)  # executors run this environment's Python
+    builder = SparkSession.builder.master(master).appName("lab2-horovod-spark")
+    for key, value in spark_cluster.session_options().items():  # JVMs that start cheaply
+        builder = builder.config(key, value)
     return (
-        SparkSession.builder.master(master)
-        .appName("lab2-horovod-spark")
-        .config("spark.driver.host", spark_cluster.HOST)
+        builder.config("spark.driver.host", spark_cluster.HOST)
         .config("spark.driver.bindAddress", spark_cluster.HOST)
         .config("spark.ui.port", str(spark_cluster.free_port()))
         .config("spark.cores.max", str(num_proc))  # one task slot per Horovod rank
