@@ -1,7 +1,7 @@
 """Measured performance of the labs, the library and the distributed paths.
 
     python -m benchmarks                  # everything (tens of minutes on 2 cores)
-    python -m benchmarks --quick          # every code path in well under a minute
+    python -m benchmarks --quick          # every code path, about 2 min on 2 cores
     python -m benchmarks --only loader --json out.json
 
 Each benchmark is one module with ``NAME``, ``TITLE`` and ``run(settings) -> Report``;

@@ -7,8 +7,10 @@ with its budget widened so that every run finishes and is timed (a stopped run
 only says "more than the deadline"). Each time is then set against the real budget:
 the room a reference has (budget / time) and how far over it the starter is (time /
 budget). Target: every reference passes with at least 1.1x room and the starter is
-at least 1.1x over, so that ordinary noise flips no verdict. Quick mode grades the
-DDP reference once on the CIFAR-10 stand-in: it proves the path, not the margin.
+at least 1.1x over, so that ordinary noise flips no verdict. Quick mode grades a
+submission of a few seconds (``jobs/tiny_submission.py``, a data-parallel linear model)
+once on the CIFAR-10 stand-in: it proves the path, not the margin (the suite grades
+the references themselves).
 
 This is the timing claim the test suite deliberately does not make (a busy machine
 would flip it); ``lab-grade calibrate`` measures the same thing to set the target.
@@ -28,6 +30,14 @@ NAME = "grading"
 TITLE = "Assessment target cpu-2proc: references within the budget, starter over it"
 ASSESSMENT = REPO_ROOT / "assessment"
 MIN_ROOM = 1.1
+TINY_JOB = Path(__file__).resolve().parent / "jobs" / "tiny_submission.py"
+QUICK_ACCURACY = 0.15  # the tiny job's linear model reaches about 0.2; chance is 0.1
+
+
+def quick_target() -> targets.Target:
+    """The CIFAR-10 stand-in's target, for the tiny job: its linear model and accuracy."""
+    standin = targets.load("cpu-cifar-standin")
+    return dataclasses.replace(standin, archs=("linear",), accuracy=QUICK_ACCURACY)
 
 
 def graded_seconds(script: Path, target: targets.Target, launcher: str) -> tuple[float, float]:
@@ -43,10 +53,8 @@ def graded_seconds(script: Path, target: targets.Target, launcher: str) -> tuple
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     if settings.quick:
-        real = targets.load("cpu-cifar-standin")
-        cases = {
-            "reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py", "torchrun")
-        }
+        real = quick_target()
+        cases = {"tiny DDP job (torchrun)": (TINY_JOB, "torchrun")}
     else:
         fashion_mnist()  # skips cleanly when the data is missing
         real = targets.load("cpu-2proc")
@@ -125,7 +133,7 @@ def run(settings: Settings) -> Report:
         "test_accuracy": accuracy,
     }
     report.notes.append(
-        f"graded with the grader against {real.name} with 4x its budget, so "
+        f"graded with the grader against {real.name} with {widen}x its budget, so "
         f"every run is timed to the end; median of {rounds} alternating rounds."
     )
     return report

@@ -146,6 +146,26 @@ def test_grading_sets_each_time_against_the_real_budget(monkeypatch):
         assert row.met == (row.value >= grading.MIN_ROOM)
 
 
+def test_quick_grading_grades_the_tiny_job_on_the_standin(monkeypatch):
+    graded = []
+
+    def fake(script, target, launcher):
+        graded.append((script, target, launcher))
+        return 9.0, 0.2
+
+    monkeypatch.setattr(grading, "graded_seconds", fake)
+    report = grading.run(Settings(quick=True))
+    standin = grading.targets.load("cpu-cifar-standin")
+    [(script, target, launcher)] = graded  # one grading, of the job of a few seconds
+    assert (script, launcher) == (grading.TINY_JOB, "torchrun")
+    assert (target.dataset, target.archs) == (standin.dataset, ("linear",))
+    assert target.accuracy == grading.QUICK_ACCURACY < 0.2
+    assert target.budget_s > standin.budget_s  # widened: the job is timed to its end
+    [row] = report.rows
+    assert row.metric.startswith("tiny DDP job (torchrun): budget / time")
+    assert row.value == pytest.approx(standin.budget_s / 9.0)
+
+
 def _reports() -> list[Report]:
     ok = Report("trainer", "Trainer | bare")
     ok.add("overhead", 1.2, "%", target="<= 3 %", met=True, note="a|b")
@@ -270,3 +290,4 @@ def test_quick_run_of_every_benchmark(tmp_path):
     if not reports["ddp"]["skipped"]:
         assert "DDP speed-up, 2 vs 1 process" in metrics["ddp"]
     assert "check notebook" in metrics["notebooks"]
+    assert "budget / time" in metrics["grading"]
