@@ -417,6 +417,8 @@ def test_a_later_first_check_skips_evaluations_not_crossings(steps_module, monke
     full, late, too_late = run(1), run(24), run(90)
     assert late.checks == [c for c in full.checks if c[0] >= 24] and len(late.checks) < 12
     assert late.reached_at == full.reached_at == pytest.approx(80, abs=1)
+    per_batch = steps_module.Setup(batches=(8, 16), first_check={8: 24})
+    assert (per_batch.check_from(8), per_batch.check_from(16)) == (24, 1)
     setup = steps_module.Setup(batches=(8,))
     checks = {(8, 0): late.checks, (8, 1): too_late.checks}
     m = steps_module.Measured(setup, {8: [late.reached_at, too_late.reached_at]}, checks)
@@ -424,9 +426,13 @@ def test_a_later_first_check_skips_evaluations_not_crossings(steps_module, monke
 
 
 # What the claims need of the notebook's cpu experiment: the uncapped batch sizes (the
-# capped one is drawn but never judged), checked from step FIRST_CHECK on (no crossing
-# lies near it: the earliest, at B = 128 and 256, are bracketed from step 46).
-FIRST_CHECK = 25
+# capped one is drawn but never judged), each checked from FIRST_CHECK[B] on. A crossing
+# is read from the last check below the target and the first at or above it; each step
+# here is the check of the grid (steps 1, 2, ... × 1.15) one before the earliest such
+# last check below among the seeds of that batch size (B = 8: 260; 16: 170; 32: 82; 64:
+# 29; 128: 46; 256: 46, measured checking from step 25), so every crossing is the one a
+# run checked from step 1 finds, for 79 evaluations instead of 199.
+FIRST_CHECK = {8: 226, 16: 147, 32: 71, 64: 25, 128: 40, 256: 40}
 
 
 @pytest.mark.science
@@ -440,6 +446,7 @@ def test_steps_to_target_claim_holds_on_the_cpu_profile(steps_module):
 
     full = steps_module.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
     uncapped = tuple(b for b in full.batches if not full.capped(b))
+    assert set(FIRST_CHECK) == set(uncapped)
     setup = dataclasses.replace(full, batches=uncapped, first_check=FIRST_CHECK)
     before = torch.get_num_threads()
     torch.set_num_threads(1)

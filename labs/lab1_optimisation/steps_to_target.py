@@ -12,8 +12,9 @@ and then whenever the step count has grown by ``growth`` (the same resolution on
 log axis at every batch size), and the step at which the target is crossed is
 interpolated between the last check below it and the first at or above it, so the
 result does not jump with the grid of checks. A ``first_check`` above 1 skips the
-evaluations of that grid before it: the same crossings, for fewer evaluations, as long
-as no run reaches the target at its first check (``Measured.unbracketed``).
+evaluations of that grid before it (one step for every batch size, or one per batch
+size): the same crossings, for fewer evaluations, as long as no run reaches the target
+at its first check (``Measured.unbracketed``).
 
 The learning rate grows linearly with the batch from ``lr_smallest`` and is capped
 at ``lr_max``. A capped batch trains at less than the linear rate, so it is drawn
@@ -64,7 +65,9 @@ class Setup:
     width: int = 16  # channels of the CNN's first conv layer
     max_images: int = 200_000  # give up after this many training images
     growth: float = 1.15  # the step count grows by this between two accuracy checks
-    first_check: int = 1  # steps before it are never checked (a check costs an evaluation)
+    # steps before it are never checked (a check costs an evaluation): one step for every
+    # batch size, or {batch: step}
+    first_check: int | dict[int, int] = 1
 
     def lr(self, batch: int) -> float:
         """Linear scaling from the smallest batch, capped at ``lr_max``."""
@@ -73,6 +76,12 @@ class Setup:
     def capped(self, batch: int) -> bool:
         """Whether the cap holds this batch below the linear rate."""
         return self.lr_smallest * batch / self.batches[0] > self.lr_max
+
+    def check_from(self, batch: int) -> int:
+        """The first step at which a run at ``batch`` checks its accuracy."""
+        if isinstance(self.first_check, dict):
+            return self.first_check.get(batch, 1)
+        return self.first_check
 
     @property
     def cap_batch(self) -> float:
@@ -205,7 +214,9 @@ def data_for(setup: Setup, device: torch.device | None = None):
     """(training subset, held-out loader) of the setup: the same for every run."""
     ds = data.load("fashion-mnist")
     held = ds.subset(n_train=0, n_test=setup.held_out, seed=1)
-    held_loader = TensorLoader.from_dataset(held, "test", 1000, device=device)
+    # batches of 250: the same accuracy as one batch of 1000, without allocating (and
+    # faulting in) fresh pages for the large activations at every check
+    held_loader = TensorLoader.from_dataset(held, "test", 250, device=device)
     return ds.subset(n_train=setup.n_train, n_test=0, seed=0), held_loader
 
 
@@ -218,7 +229,12 @@ def steps_to_target(
     model = models.build("fmnist_cnn", width=setup.width).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=setup.lr(batch), momentum=setup.momentum)
     stopper = StopAtAccuracy(
-        held_loader, setup.target_acc, batch, setup.max_images, setup.growth, setup.first_check
+        held_loader,
+        setup.target_acc,
+        batch,
+        setup.max_images,
+        setup.growth,
+        setup.check_from(batch),
     )
     trainer = Trainer(model, optimizer, callbacks=[stopper], progress=False, device=device)
     loader = TensorLoader.from_dataset(train_set, "train", batch, seed=seed, device=device)
