@@ -280,6 +280,34 @@ def test_schedule_warms_up_then_decays(lab_modules):
     assert grow(35) == 1.0  # the batch grows instead
 
 
+def test_claims_only_plan_trains_the_rates_that_decide_claim_3(lab_modules):
+    """On the cpu profile the claims read, of each grid, the chosen rate and its
+    neighbours; the best on validation is picked among the rates that were trained."""
+    experiments, science = lab_modules
+    from lab_utils import profile
+
+    setup = experiments.setup_for(profile.Profile("cpu", torch.device("cpu"), 1, 1))
+    plan = science.make_plan(setup)
+    assert len(plan.runs()) == 7 + 9 and len(plan.runs(claims_only=True)) == 5 + 7
+    lrs = {name: [r.lr for r in runs] for name, runs in plan.claim_grid.items()}
+    assert lrs["sgd"] == [plan.grid["sgd"][1].lr, plan.grid["sgd"][2].lr]
+    assert lrs["lars"] == [4.0, 8.0] and lrs["lamb"] == [0.04, 0.08, 0.16]
+    trained = plan.runs(claims_only=True)
+    val = {0.04: 0.84, 0.08: 0.86, 0.16: 0.18, 4.0: 0.83, 8.0: 0.82}
+    summaries = {
+        r: science.Summary(r, [val.get(r.lr, 0.81) - 0.01], [val.get(r.lr, 0.81)], 1, 0.0, 0)
+        for r in trained
+    }
+    claims = science.evaluate_claims(
+        plan, summaries, setup, {"grad": 0, "weights": 0, "micro_batches": 16}
+    )
+    assert "LARS 82.00%, LAMB 85.00%" in claims[2].measured
+    full = science.make_plan(
+        experiments.setup_for(profile.Profile("quick", torch.device("cpu"), 1, 1))
+    )
+    assert full.claim_grid == full.grid  # where the setup names no rates, all are read
+
+
 @pytest.mark.slow
 def test_science_quick_prints_every_claim(lab_modules, fashion_available, tmp_path, capsys):
     _, science = lab_modules
@@ -314,7 +342,8 @@ def test_science_quick_prints_every_claim(lab_modules, fashion_available, tmp_pa
 @pytest.mark.timeout(3600)  # minutes of CPU; far longer on cores shared with other jobs
 def test_claims_hold_on_the_cpu_profile(lab_modules, one_thread):
     """The five claims of the README on the ``cpu`` profile (real Fashion-MNIST, seed 0,
-    one thread: deterministic), asserted. Each claim prints its margin (``pytest -rP``
+    one thread: deterministic), asserted; of each learning-rate grid at the largest batch
+    only the rates that decide claim 3 are trained (``Setup.claim_lrs``). Each claim prints its margin (``pytest -rP``
     shows it; a failure's message lists them all). Without the data it fails (it does
     not skip): CI must not pass without asserting the claims."""
     experiments, science = lab_modules

@@ -65,6 +65,10 @@ class Setup:
     )  # LARC (clip): γ, the ceiling of every layer's rate
     novograd_lrs: tuple[float, ...] = (0.005, 0.01, 0.02)
     sgd_lr_factors: tuple[float, ...] = (0.5, 1.0, 2.0)  # × the sqrt-scaled base LR
+    # what the LARS/LAMB-vs-SGD claim reads of each grid (positions in lr_grid): the rate
+    # the full grid chose on the validation split and its neighbours in the grid, which
+    # show it is the best one (science_cpu.json records the full grid); None: every rate
+    claim_lrs: dict[str, tuple[int, ...]] | None = None
 
     def milestones(self, epochs: int | None = None) -> list[int]:
         """The epochs at which the learning rate decays (or the batch grows)."""
@@ -91,7 +95,11 @@ def setup_for(profile: Profile) -> Setup:
             base_lr=0.02,
             largest_ratio=16,
         ),
-        cpu=Setup(model_kwargs={"hidden": (256, 128)}),
+        cpu=Setup(
+            model_kwargs={"hidden": (256, 128)},
+            # chosen: SGD 0.226 (the largest), LARS 4 (the smallest), LAMB 0.08
+            claim_lrs={"sgd": (1, 2), "lars": (0, 1), "lamb": (0, 1, 2)},
+        ),
         gpu=Setup(
             dataset="cifar10",
             arch="resnet_cifar",
