@@ -240,3 +240,12 @@ def test_local_cluster_bad_input():
 
     with pytest.raises(ValueError, match="workers"), spark_cluster.local_cluster(workers=0):
         pass
+
+
+def test_daemons_start_with_cheap_jvm_options(tmp_path, monkeypatch):
+    """The master and workers start with the C1-only, serial-GC options, after any the
+    user set: the quick runs' JVMs cost about half the CPU that way."""
+    monkeypatch.setenv("SPARK_DAEMON_JAVA_OPTS", "-Dlabs.mine=1")
+    env = spark_cluster._daemon_env(tmp_path)
+    assert env["SPARK_DAEMON_JAVA_OPTS"] == f"-Dlabs.mine=1 {spark_cluster.JVM_OPTIONS}"
+    assert set(spark_cluster.session_options().values()) == {spark_cluster.JVM_OPTIONS}
