@@ -53,14 +53,10 @@ def seconds_per_image(
     return 1.0 / float(summaries[-1]["samples_per_s"])
 
 
-def run(settings: Settings) -> Report:
-    serial_script, ddp_script = SCRIPTS / "train_serial.py", SCRIPTS / "train_ddp.py"
-    for script in (serial_script, ddp_script):
-        if not script.is_file():
-            raise Skip(f"{script.relative_to(REPO_ROOT)} does not exist yet")
-    report = Report(NAME, TITLE)
-    if settings.quick:
-        args = [
+def script_args(quick: bool) -> tuple[list[str], float]:
+    """The arguments every contender's script gets, and its timeout."""
+    if quick:  # the smallest run that still takes timed steps after the first
+        return [
             "--epochs",
             "1",
             "--max-steps",
@@ -75,26 +71,32 @@ def run(settings: Settings) -> Report:
             "128",
             "--dataset",
             "fashion-mnist",
-        ]
-        timeout = 120.0
-    else:
-        args = [
-            "--epochs",
-            "1",
-            "--max-steps",
-            "60",
-            "--batch-size",
-            "128",
-            "--width",
-            "32",
-            "--n-train",
-            "20000",
-            "--n-test",
-            "1000",
-            "--dataset",
-            "fashion-mnist",
-        ]
-        timeout = 600.0
+        ], 120.0
+    return [
+        "--epochs",
+        "1",
+        "--max-steps",
+        "60",
+        "--batch-size",
+        "128",
+        "--width",
+        "32",
+        "--n-train",
+        "20000",
+        "--n-test",
+        "1000",
+        "--dataset",
+        "fashion-mnist",
+    ], 600.0
+
+
+def run(settings: Settings) -> Report:
+    serial_script, ddp_script = SCRIPTS / "train_serial.py", SCRIPTS / "train_ddp.py"
+    for script in (serial_script, ddp_script):
+        if not script.is_file():
+            raise Skip(f"{script.relative_to(REPO_ROOT)} does not exist yet")
+    report = Report(NAME, TITLE)
+    args, timeout = script_args(settings.quick)
     rounds = settings.rounds(full=3)
 
     def launcher(script: Path, how: str, nprocs: int):

@@ -50,53 +50,30 @@ def graded_seconds(script: Path, target: targets.Target, launcher: str) -> tuple
     return r.elapsed_s, r.accuracy
 
 
-def run(settings: Settings) -> Report:
-    report = Report(NAME, TITLE)
+def cases_to_grade(settings: Settings, report: Report) -> tuple[targets.Target, dict]:
+    """The real target and ``{name: (script, launcher)}`` of what this run grades."""
     if settings.quick:
-        real = quick_target()
-        cases = {"tiny DDP job (torchrun)": (TINY_JOB, "torchrun")}
+        return quick_target(), {"tiny DDP job (torchrun)": (TINY_JOB, "torchrun")}
+    fashion_mnist()  # skips cleanly when the data is missing
+    cases = {
+        "reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py", "torchrun"),
+        "starter (torchrun)": (ASSESSMENT / "starter.py", "torchrun"),
+    }
+    problem = horovod_problem()
+    if problem:
+        report.notes.append(f"Horovod reference not graded: {problem}")
     else:
-        fashion_mnist()  # skips cleanly when the data is missing
-        real = targets.load("cpu-2proc")
-        cases = {
-            "reference DDP (torchrun)": (ASSESSMENT / "solutions" / "reference_ddp.py", "torchrun"),
-            "starter (torchrun)": (ASSESSMENT / "starter.py", "torchrun"),
-        }
-        problem = horovod_problem()
-        if problem:
-            report.notes.append(f"Horovod reference not graded: {problem}")
-        else:
-            cases["reference Horovod (mpirun)"] = (
-                ASSESSMENT / "solutions" / "reference_horovod.py",
-                "mpirun",
-            )
-    # Quick proves the path on a machine that may be busy with other jobs: a budget no
-    # ordinary load can exhaust. The full run times against 4x, then compares with 1x.
-    widen = 20 if settings.quick else 4
-    widened = dataclasses.replace(
-        real, budget_s=real.budget_s * widen, grace_s=real.grace_s * widen
-    )
-    accuracy: dict[str, float] = {}
-
-    def contender(name: str):
-        script, launcher = cases[name]
-
-        # The serial starter trains alone in each process: it is timed, not judged
-        # for data parallelism.
-        target = (
-            dataclasses.replace(widened, data_parallel="warn")
-            if name.startswith("starter")
-            else widened
+        cases["reference Horovod (mpirun)"] = (
+            ASSESSMENT / "solutions" / "reference_horovod.py",
+            "mpirun",
         )
+    return targets.load("cpu-2proc"), cases
 
-        def once() -> float:
-            seconds, accuracy[name] = graded_seconds(script, target, launcher)
-            return seconds
 
-        return once
-
-    rounds = settings.rounds(full=2)
-    times = alternate({name: contender(name) for name in cases}, rounds=rounds, warmup=0)
+def add_rows(
+    report: Report, real: targets.Target, times: dict[str, list[float]], accuracy: dict
+) -> None:
+    """One row per graded script: its median time set against the real budget."""
     budget = real.budget_s
     for name, secs in times.items():
         t = median(secs)
@@ -125,9 +102,42 @@ def run(settings: Settings) -> Report:
                 note=f"{rounds_note}{t:.1f} s against {budget:g} s; test accuracy "
                 f"{accuracy[name]:.2%} (needs {real.accuracy:.2%})",
             )
+
+
+def run(settings: Settings) -> Report:
+    report = Report(NAME, TITLE)
+    real, cases = cases_to_grade(settings, report)
+    # Quick proves the path on a machine that may be busy with other jobs: a budget no
+    # ordinary load can exhaust. The full run times against 4x, then compares with 1x.
+    widen = 20 if settings.quick else 4
+    widened = dataclasses.replace(
+        real, budget_s=real.budget_s * widen, grace_s=real.grace_s * widen
+    )
+    accuracy: dict[str, float] = {}
+
+    def contender(name: str):
+        script, launcher = cases[name]
+
+        # The serial starter trains alone in each process: it is timed, not judged
+        # for data parallelism.
+        target = (
+            dataclasses.replace(widened, data_parallel="warn")
+            if name.startswith("starter")
+            else widened
+        )
+
+        def once() -> float:
+            seconds, accuracy[name] = graded_seconds(script, target, launcher)
+            return seconds
+
+        return once
+
+    rounds = settings.rounds(full=2)
+    times = alternate({name: contender(name) for name in cases}, rounds=rounds, warmup=0)
+    add_rows(report, real, times, accuracy)
     report.details = {
         "target": real.name,
-        "budget_s": budget,
+        "budget_s": real.budget_s,
         "accuracy": real.accuracy,
         "seconds": times,
         "test_accuracy": accuracy,
