@@ -20,6 +20,32 @@ TITLE = "Lab 4 interleaved / zero-bubble schedules vs 1F1B, ring attention vs on
 SCHEDULES = ["1f1b", "interleaved", "interleaved_zb", "zbv"]
 
 
+def ring_attention(settings: Settings, report: Report) -> tuple[list[str], dict]:
+    """``context_parallel.py``'s one process / ring attention row: (its args, its record)."""
+    seq = ["64"] if settings.quick else ["1024"]
+    cp_args = [
+        "--d-model",
+        "64" if settings.quick else "128",
+        "--seq-len",
+        seq[0],
+        "--seq-lens",
+        *seq,
+        "--repeats",
+        str(settings.rounds(full=5, quick=1)),
+    ]
+    records = metrics_of(
+        "context_parallel.py", cp_args, nprocs=2, timeout=180 if settings.quick else 900
+    )
+    t = next(r for r in records if r["event"] == "ring_time")
+    one, ring = statistics.median(t["one_samples"]), statistics.median(t["ring_samples"])
+    report.add(
+        f"ring attention on 2 processes, T={t['seq_len']}: one process / ring (forward + backward)",
+        one / ring,
+        "x",
+    )
+    return cp_args, t
+
+
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     m = "4" if settings.quick else "8"
@@ -53,27 +79,7 @@ def run(settings: Settings) -> Report:
             note=f"bubble {r['bubble']:.2f} measured, {r['replay_bubble']:.2f} replayed; "
             f"1F1B {runs['1f1b']['bubble']:.2f}",
         )
-    seq = ["64"] if settings.quick else ["1024"]
-    cp_args = [
-        "--d-model",
-        "64" if settings.quick else "128",
-        "--seq-len",
-        seq[0],
-        "--seq-lens",
-        *seq,
-        "--repeats",
-        str(settings.rounds(full=5, quick=1)),
-    ]
-    records = metrics_of(
-        "context_parallel.py", cp_args, nprocs=2, timeout=180 if settings.quick else 900
-    )
-    t = next(r for r in records if r["event"] == "ring_time")
-    one, ring = statistics.median(t["one_samples"]), statistics.median(t["ring_samples"])
-    report.add(
-        f"ring attention on 2 processes, T={t['seq_len']}: one process / ring (forward + backward)",
-        one / ring,
-        "x",
-    )
+    cp_args, t = ring_attention(settings, report)
     report.details = {
         "schedule_args": args,
         "context_args": cp_args,

@@ -82,6 +82,21 @@ def _saved(policy: str, shapes: dict[str, int], x: torch.Tensor, y: torch.Tensor
     )
 
 
+def _add_saved_rows(
+    report: Report, shapes: dict[str, int], x: torch.Tensor, y: torch.Tensor
+) -> dict[str, int]:
+    """Bytes saved for backward under each recomputation policy (counted), as rows."""
+    saved = {p: _saved(p, shapes, x, y) for p in saved_bytes.POLICIES}
+    for policy in saved_bytes.POLICIES[1:]:
+        report.add(
+            f"bytes saved for backward, {policy} recomputation / none",
+            100 * saved[policy] / saved["none"],
+            "%",
+            note=f"{saved[policy] / 2**20:.2f} of {saved['none'] / 2**20:.2f} MiB",
+        )
+    return saved
+
+
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     shapes = _shapes(settings.quick)
@@ -133,14 +148,7 @@ def run(settings: Settings) -> Report:
         median(paired_ratios(times["full"], times["fp32"])),
         "x",
     )
-    saved = {p: _saved(p, shapes, x, y) for p in saved_bytes.POLICIES}
-    for policy in saved_bytes.POLICIES[1:]:
-        report.add(
-            f"bytes saved for backward, {policy} recomputation / none",
-            100 * saved[policy] / saved["none"],
-            "%",
-            note=f"{saved[policy] / 2**20:.2f} of {saved['none'] / 2**20:.2f} MiB",
-        )
+    saved = _add_saved_rows(report, shapes, x, y)
     report.details = {
         "shapes": shapes,
         "times": times,

@@ -71,6 +71,25 @@ def epoch_seconds(loader: Iterable, n_images: int, device: torch.device) -> floa
     return seconds
 
 
+def data_loaders(
+    per_sample: PerSampleImages, batch: int, workers: int, pin: bool
+) -> dict[str, DataLoader]:
+    """The two DataLoader set-ups compared: in the main process, and with workers."""
+    return {
+        "DataLoader, 0 workers": DataLoader(
+            per_sample, batch_size=batch, shuffle=True, pin_memory=pin
+        ),
+        f"DataLoader, {workers} workers": DataLoader(
+            per_sample,
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            persistent_workers=True,
+            pin_memory=pin,
+        ),
+    }
+
+
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     ds = fashion_mnist()
@@ -83,19 +102,7 @@ def run(settings: Settings) -> Report:
     device = profile.device()
     tensor_loader = TensorLoader.from_dataset(sub, "train", batch, augment=True, device=device)
     per_sample = PerSampleImages(sub.x_train, sub.y_train, ds.mean[0], ds.std[0])
-    loaders = {
-        "DataLoader, 0 workers": DataLoader(
-            per_sample, batch_size=batch, shuffle=True, pin_memory=device.type == "cuda"
-        ),
-        f"DataLoader, {workers} workers": DataLoader(
-            per_sample,
-            batch_size=batch,
-            shuffle=True,
-            num_workers=workers,
-            persistent_workers=True,
-            pin_memory=device.type == "cuda",
-        ),
-    }
+    loaders = data_loaders(per_sample, batch, workers, pin=device.type == "cuda")
     epoch = {"n": 0}
 
     def tensor() -> float:

@@ -73,6 +73,19 @@ def quick_notebook(folder: Path) -> Path:
     return path
 
 
+def first_pass(contenders: dict) -> tuple[dict[str, float], dict[str, str]]:
+    """Run every notebook once: ``(seconds, why failed)`` by name. A notebook that
+    fails is removed from ``contenders``, so the timed passes leave it out."""
+    cold, failed = {}, {}
+    for name, fn in list(contenders.items()):
+        try:
+            cold[name] = fn()
+        except Exception as e:  # CellExecutionError, a dead kernel, a timeout
+            failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
+            del contenders[name]
+    return cold, failed
+
+
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     found = discover()
@@ -94,14 +107,7 @@ def run(settings: Settings) -> Report:
             env["OMP_NUM_THREADS"] = str(settings.threads)
         contenders = {_label(p): (lambda p=p: execute(p, env)) for p in notebooks}
         # The first pass (cold caches) is kept apart; quick mode makes only that one.
-        # A notebook that fails there is reported and left out of the timed passes.
-        cold, failed = {}, {}
-        for name, fn in list(contenders.items()):
-            try:
-                cold[name] = fn()
-            except Exception as e:  # CellExecutionError, a dead kernel, a timeout
-                failed[name] = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:200]}"
-                del contenders[name]
+        cold, failed = first_pass(contenders)
         rounds = settings.rounds(full=2)
         times = {name: [t] for name, t in cold.items()}
         if not settings.quick and contenders:
