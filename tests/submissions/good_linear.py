@@ -1,6 +1,8 @@
 """Good submission (for the sandbox tests): data-parallel logistic regression on
 Fashion-MNIST; it reports accuracy on a validation part of the training split."""
 
+import time
+
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -27,4 +29,7 @@ with torch.no_grad():
 dist.print0(f"validation accuracy {acc:.2%}")
 if info.is_main:
     models.save("checkpoint.pt", model)
+# The connections stay open a moment: the grader reads each rank's socket counters every
+# 0.5 s and they vanish with the connection, so 120 quick steps could pass unseen.
+time.sleep(1.5)
 dist.shutdown()
