@@ -97,7 +97,7 @@ EXIT = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
 
 @pytest.mark.launcher
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # 16 jobs: about 2 minutes on 2 idle cores, far more when shared
+@pytest.mark.timeout(1200)  # 16 jobs: about 70 s on 2 idle cores, far more when shared
 def test_a_class_of_good_bad_and_hostile_submissions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
