@@ -157,16 +157,18 @@ class _CpuWatch(threading.Thread):
         self._rank: dict[tuple[int, float], int | None] = {}
 
     def _rank_of(self, key: tuple[int, float], p: psutil.Process) -> int | None:
+        """The rank a process runs as, from its environment. Only a rank found is kept:
+        a launcher's child seen between fork and exec still has the launcher's
+        environment (no rank) under the same pid and start time, and must not stay
+        rankless once it runs as a rank (its CPU and sockets would count for none)."""
         if key not in self._rank:
-            rank = None
             with contextlib.suppress(psutil.Error, OSError, ValueError):
                 env = p.environ()
                 for var in RANK_VARS:
                     if var in env:
-                        rank = int(env[var])
+                        self._rank[key] = int(env[var])
                         break
-            self._rank[key] = rank
-        return self._rank[key]
+        return self._rank.get(key)
 
     def run(self) -> None:
         used = 0.0

@@ -327,6 +327,23 @@ def test_a_fault_of_the_evidence_is_never_judged_on() -> None:
     assert findings == [] and "a bug in the sampler" in why
 
 
+def test_a_rank_seen_before_its_exec_is_still_found() -> None:
+    """Between fork and exec a launcher's child has the launcher's environment (no
+    rank) under the pid and start time it keeps: a later look must find its rank."""
+    from assessment import sandbox
+
+    class Forked:  # what psutil shows of the child: first the fork, then the rank
+        environs = [{"PATH": "/bin"}, {"PATH": "/bin", "RANK": "1"}]
+
+        def environ(self) -> dict[str, str]:
+            return self.environs.pop(0) if len(self.environs) > 1 else self.environs[0]
+
+    watch, child, key = sandbox._CpuWatch(), Forked(), (4321, 1.5)
+    assert watch._rank_of(key, child) is None
+    assert watch._rank_of(key, child) == 1
+    assert watch._rank_of(key, child) == 1
+
+
 def test_gpu_watch_adds_each_ranks_nvml_samples(monkeypatch: pytest.MonkeyPatch) -> None:
     """NVML stood in by a fake module (no GPU here): each rank's samples are summed,
     each sample once (NVML is asked only for samples newer than the last one seen)."""
