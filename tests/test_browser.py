@@ -82,6 +82,7 @@ def test_course_settings_installed():
     assert ours["@jupyterlab/apputils-extension:notification"]["fetchNews"] == "false"
 
 
+@pytest.mark.slow
 def test_lab1_explorer_in_browser(tmp_path, artifacts):
     with jupyter_lab(tmp_path) as lab:
         with browser_page(lab, tmp_path) as page, screenshot_on_failure(page, artifacts):
@@ -134,6 +135,7 @@ def test_lab1_explorer_in_browser(tmp_path, artifacts):
     assert lab.processes() == [], "processes left after the server stopped"
 
 
+@pytest.mark.slow
 def test_lab2_launch_and_interrupt_in_browser(tmp_path, artifacts):
     with jupyter_lab(tmp_path) as lab:
         with browser_page(lab, tmp_path) as page, screenshot_on_failure(page, artifacts):

@@ -140,6 +140,7 @@ def test_executor_check_finds_an_executor(tmp_path):
     assert wait_no_executors(c, timeout=5) == []
 
 
+@pytest.mark.slow
 class TestOnOneCluster:
     """The script's jobs on a running cluster (``--master``), as on a shared one."""
 
@@ -206,6 +207,7 @@ class TestOnOneCluster:
         assert wait_no_executors(cluster) == []
 
 
+@pytest.mark.slow
 def test_interrupt_stops_the_cluster(tmp_path):
     """Ctrl-C while Spark's executors are up: the script's `with` block stops every
     JVM of the cluster it started itself (no supervisor in between)."""
