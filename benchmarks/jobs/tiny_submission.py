@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import data, dist, models
+from lab_utils import data, models
+from lab_utils import dist as labdist
 from lab_utils.loader import TensorLoader
 from lab_utils.profile import script_parser
 
@@ -27,7 +28,7 @@ def main() -> None:
     p.add_argument("--dataset", default="synthetic-cifar10", help="the target's dataset")
     p.add_argument("--budget", type=float, default=None, help="given by the grader; unused")
     args = p.parse_args()
-    info = dist.init()
+    info = labdist.init()
     torch.manual_seed(0)
     ds = data.load(args.dataset)
     channels, size = ds.x_train.shape[1], ds.x_train.shape[-1]
@@ -51,8 +52,8 @@ def main() -> None:
                 break
     if info.is_main:
         models.save("checkpoint.pt", model)
-    dist.print0(f"{steps} steps, last loss {loss.item():.3f}")
-    dist.shutdown()
+    labdist.print0(f"{steps} steps, last loss {loss.item():.3f}")
+    labdist.shutdown()
 
 
 if __name__ == "__main__":
