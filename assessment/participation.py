@@ -27,6 +27,12 @@ compression), each rank must have sent and received at least
 run of an epoch makes hundreds. A rank that never joined, left at once, slept or
 spun moves none of it; a rank that received the initial broadcast and then spun has
 received one copy and sent none.
+
+The counters are read every half second while the job runs (``sandbox._CpuWatch``), and
+a connection's count goes with it when it closes: what a job exchanges after the last
+reading before it closes is not seen. A run of the course's targets exchanges for a
+minute; a job whose every all-reduce falls within half a second (a test fixture of a
+few steps) must keep its connections open a moment after them to be judged.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 import psutil
@@ -15,6 +16,7 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
+TEST_TAG = "LABS_TEST_TAG"  # in the environment of every process a test starts
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -37,8 +39,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(autouse=True)
 def _isolated_runs(tmp_path_factory, monkeypatch):
-    """Runs (checkpoints, metrics) go to a temporary folder, never into the repo."""
+    """Runs (checkpoints, metrics) go to a temporary folder, never into the repo; every
+    process the test starts inherits its tag (see :func:`processes_matching`)."""
     monkeypatch.setenv("LABS_RUNS", str(tmp_path_factory.mktemp("runs")))
+    monkeypatch.setenv(TEST_TAG, uuid.uuid4().hex)
 
 
 def tiny_transformer(layers: int = 2, steps: int | None = 1) -> list[str]:
@@ -59,17 +63,32 @@ def tiny_transformer(layers: int = 2, steps: int | None = 1) -> list[str]:
 
 
 def processes_matching(marker: str) -> list[psutil.Process]:
-    """Live processes (not zombies) whose command line mentions ``marker``."""
+    """Live processes (not zombies) of this test whose command line mentions ``marker``.
+    Of this test: the other pytest worker may run the same script at the same moment (a
+    notebook, a benchmark), so a process counts only if it carries this test's tag in its
+    environment, or if its environment cannot be read."""
+    tag = os.environ.get(TEST_TAG)
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
         try:
             if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
                 continue
-            if marker in " ".join(p.info["cmdline"] or []):
+            if marker in " ".join(p.info["cmdline"] or []) and _tagged(p, tag):
                 found.append(p)
-        except psutil.Error:
+        except psutil.NoSuchProcess:
+            continue
+        except psutil.Error:  # its command line unreadable: not one we can name
             continue
     return found
+
+
+def _tagged(p: psutil.Process, tag: str | None) -> bool:
+    if tag is None:
+        return True
+    try:
+        return p.environ().get(TEST_TAG) == tag
+    except psutil.AccessDenied:
+        return True  # cannot tell: counted, so a leftover is never missed
 
 
 def sandbox_or_skip() -> None:

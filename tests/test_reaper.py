@@ -1,9 +1,10 @@
+import os
 import subprocess
 import sys
 import textwrap
 import time
 
-from conftest import processes_matching
+from conftest import TEST_TAG, processes_matching
 
 ORPHAN_MAKER = textwrap.dedent("""
     import subprocess, sys
@@ -57,3 +58,33 @@ def test_reaper_usage_error():
     assert (
         subprocess.call([sys.executable, "-m", "lab_utils.reaper"], stderr=subprocess.DEVNULL) == 2
     )
+
+
+def test_a_leftover_counts_only_for_the_test_that_started_it():
+    """The other pytest worker may run the same script at the same moment: its processes
+    carry another tag and are not this test's leftovers; this test's own are found."""
+    marker = "leftover-tag-3e7d"
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)", marker]
+    other = subprocess.Popen(sleep, env=dict(os.environ, **{TEST_TAG: "another-test"}))
+    ours = subprocess.Popen(sleep)
+    try:
+        for _ in range(100):  # until both have exec'd (their command lines show the marker)
+            if len(psutil_processes(marker)) == 2:
+                break
+            time.sleep(0.05)
+        assert [p.pid for p in processes_matching(marker)] == [ours.pid]
+    finally:
+        for proc in (other, ours):
+            proc.kill()
+            proc.wait()
+    assert processes_matching(marker) == []
+
+
+def psutil_processes(marker: str) -> list:
+    import psutil
+
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()
+    ]
