@@ -75,9 +75,7 @@ def processes_matching(marker: str) -> list[psutil.Process]:
                 continue
             if marker in " ".join(p.info["cmdline"] or []) and _tagged(p, tag):
                 found.append(p)
-        except psutil.NoSuchProcess:
-            continue
-        except psutil.Error:  # its command line unreadable: not one we can name
+        except psutil.Error:  # gone meanwhile, or its command line unreadable
             continue
     return found
 

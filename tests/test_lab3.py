@@ -343,8 +343,8 @@ def test_science_quick_prints_every_claim(lab_modules, fashion_available, tmp_pa
 def test_claims_hold_on_the_cpu_profile(lab_modules, one_thread):
     """The five claims of the README on the ``cpu`` profile (real Fashion-MNIST, seed 0,
     one thread: deterministic), asserted; of each learning-rate grid at the largest batch
-    only the rates that decide claim 3 are trained (``Setup.claim_lrs``). Each claim prints its margin (``pytest -rP``
-    shows it; a failure's message lists them all). Without the data it fails (it does
+    only the rates that decide claim 3 are trained (``Setup.claim_lrs``). Each claim
+    prints its margin (``pytest -rP`` shows it; a failure's message lists them all). Without the data it fails (it does
     not skip): CI must not pass without asserting the claims."""
     experiments, science = lab_modules
     from lab_utils import profile

@@ -4,6 +4,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 from conftest import TEST_TAG, processes_matching
 
 ORPHAN_MAKER = textwrap.dedent("""
@@ -67,9 +68,13 @@ def test_a_leftover_counts_only_for_the_test_that_started_it():
     sleep = [sys.executable, "-c", "import time; time.sleep(60)", marker]
     other = subprocess.Popen(sleep, env=dict(os.environ, **{TEST_TAG: "another-test"}))
     ours = subprocess.Popen(sleep)
+
+    def started(proc: subprocess.Popen) -> bool:  # exec'd: its command line shows the marker
+        return marker in " ".join(psutil.Process(proc.pid).cmdline())
+
     try:
-        for _ in range(100):  # until both have exec'd (their command lines show the marker)
-            if len(psutil_processes(marker)) == 2:
+        for _ in range(100):
+            if started(other) and started(ours):
                 break
             time.sleep(0.05)
         assert [p.pid for p in processes_matching(marker)] == [ours.pid]
@@ -78,13 +83,3 @@ def test_a_leftover_counts_only_for_the_test_that_started_it():
             proc.kill()
             proc.wait()
     assert processes_matching(marker) == []
-
-
-def psutil_processes(marker: str) -> list:
-    import psutil
-
-    return [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()
-    ]
