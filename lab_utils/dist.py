@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import dataclasses
 import dis
 import functools
 import gc
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from . import metrics, profile
+from . import metrics, port_agreement, profile
 from .net import free_port
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -111,7 +112,10 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
         rank, size = _int(env, "OMPI_COMM_WORLD_RANK"), _int(env, "OMPI_COMM_WORLD_SIZE")
         local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
         local_size = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", default=size)
+        # The 32-bit job id repeats its 16-bit family across mpiruns by chance; the
+        # address of this job's mpirun (the same for every rank) does not.
         job = env.get("OMPI_MCA_ess_base_jobid") or env.get("PMIX_NAMESPACE", "")
+        job += env.get("OMPI_MCA_orte_hnp_uri", "")
     elif "PMI_RANK" in env:
         launcher = "mpirun"
         rank, size = _int(env, "PMI_RANK"), _int(env, "PMI_SIZE")
@@ -126,10 +130,11 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
         job = env.get("SLURM_JOB_ID", "") + "." + env.get("SLURM_STEP_ID", "")
     else:
         return LaunchEnv("single", 0, 1, 0, 1, addr, port, "")
-    if port is None and size > 1:
-        # No rendezvous given (e.g. a hand-typed ``mpirun``): every rank derives the
-        # same port from the job id, which is unique per job.
-        port = 20000 + zlib.crc32(job.encode()) % 30000
+    if port is None and size > 1 and local_size != size:
+        # No port given to a job across machines: every rank derives the same one from
+        # the job id, below Linux's ephemeral ports (32768 up). One machine agrees on a
+        # free port instead (with_port).
+        port = 20000 + zlib.crc32(job.encode()) % 12000
     if addr is None and size > 1:
         if local_size != size:
             raise RuntimeError(
@@ -139,6 +144,23 @@ def detect(env: dict[str, str] | None = None) -> LaunchEnv:
             )
         addr = "127.0.0.1"
     return LaunchEnv(launcher, rank, size, local_rank, local_size, addr, port, job)
+
+
+def with_port(le: LaunchEnv, timeout_s: float | None = None) -> LaunchEnv:
+    """``le`` with a rendezvous port: the launcher's, a free one for a single process,
+    or, for the ranks of one machine, the free port rank 0 picked and published
+    (:mod:`lab_utils.port_agreement`; the other ranks wait for it)."""
+    if le.master_port is not None:
+        return le
+    if le.world_size == 1:
+        port = free_port()
+    else:
+        job = le.job_id or f"parent-{os.getppid()}"  # a launcher that names no job
+        if le.rank == 0:
+            port = port_agreement.publish(job)
+        else:
+            port = port_agreement.wait_for(job, le.rank, timeout_s or default_timeout_s())
+    return dataclasses.replace(le, master_port=port)
 
 
 def _slurm_tasks_here(env: dict[str, str], size: int) -> int:
@@ -169,11 +191,9 @@ def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
     target = os.environ if env is None else env
     if env is None:
         leave_at_exit()
-    le = detect(target)
+    le = with_port(detect(target))
     if le.launcher == "single":
-        le = LaunchEnv(
-            "single", 0, 1, 0, 1, le.master_addr or "127.0.0.1", le.master_port or free_port(), ""
-        )
+        le = dataclasses.replace(le, master_addr=le.master_addr or "127.0.0.1")
     values = {
         "RANK": le.rank,
         "WORLD_SIZE": le.world_size,
@@ -240,6 +260,7 @@ def init(
         return _info
     if backend == "gloo":
         gloo_on_loopback(le, os.environ)
+    le = with_port(le, timeout_s)
     os.environ.setdefault("MASTER_ADDR", str(le.master_addr))
     os.environ.setdefault("MASTER_PORT", str(le.master_port))
     wait = timedelta(seconds=timeout_s or default_timeout_s())

@@ -1,3 +1,5 @@
+import socket
+
 import pytest
 import torch
 
@@ -59,22 +61,83 @@ def test_detect_each_launcher(env, expected):
     le = dist.detect(env)
     assert (le.launcher, le.rank, le.world_size, le.local_rank) == expected
     if le.world_size > 1:
-        assert le.master_addr and le.master_port
+        assert le.master_addr
+        # A port given is kept; one machine without one agrees on a free port (with_port).
+        assert le.master_port == (int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None)
 
 
-def test_mpirun_without_rendezvous_derives_the_same_port_on_every_rank():
+def test_a_job_across_machines_derives_the_same_port_on_every_rank_below_the_ephemeral_ones():
     base = {
-        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_SIZE": "4",
         "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
         "OMPI_MCA_ess_base_jobid": "987",
+        "MASTER_ADDR": "10.0.0.1",
     }
-    ports = {dist.detect({**base, "OMPI_COMM_WORLD_RANK": str(r)}).master_port for r in (0, 1)}
+    ports = {dist.detect({**base, "OMPI_COMM_WORLD_RANK": str(r)}).master_port for r in range(4)}
     assert len(ports) == 1
     port = ports.pop()
-    assert 20000 <= port < 50000
+    assert port is not None and 20000 <= port < 32768
     other = dist.detect({**base, "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_ess_base_jobid": "988"})
-    assert other.master_addr == "127.0.0.1"
     assert other.master_port != port  # two jobs side by side do not collide
+
+
+def _one_machine(rank: int, jobid: str = "987", uri: str = "987.0;tcp://127.0.0.1:5000"):
+    return dist.detect(
+        {
+            "OMPI_COMM_WORLD_RANK": str(rank),
+            "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+            "OMPI_MCA_ess_base_jobid": jobid,
+            "OMPI_MCA_orte_hnp_uri": uri,
+        }
+    )
+
+
+@pytest.fixture
+def port_folder(tmp_path, monkeypatch):
+    """The ports of these tests' made-up jobs in a folder of their own."""
+    monkeypatch.setattr(dist.port_agreement, "folder", lambda: tmp_path / "ports")
+    return tmp_path / "ports"
+
+
+def test_the_ranks_of_one_machine_agree_on_the_free_port_rank_0_picked(port_folder):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(dist.with_port, _one_machine(1), 30)  # rank 1 may start first
+        zero = dist.with_port(_one_machine(0))
+        one = waiting.result()
+    assert zero.master_port == one.master_port and zero.master_port is not None
+    with socket.socket() as s:  # free: rank 0's store can listen on it
+        s.bind(("127.0.0.1", zero.master_port))
+    # Another mpirun on the machine whose 16-bit job family is the same: its own file.
+    twin = _one_machine(0, uri="987.0;tcp://127.0.0.1:6000")
+    assert dist.port_agreement.port_file(twin.job_id) != dist.port_agreement.port_file(zero.job_id)
+
+
+def test_a_rank_whose_rank_0_never_publishes_says_so(port_folder):
+    with pytest.raises(RuntimeError, match="rank 1 waited 0.3 s for rank 0 to publish.*MASTER_PORT"):
+        dist.with_port(_one_machine(1), 0.3)
+
+
+def test_a_port_left_by_a_finished_job_with_the_same_id_is_not_taken(port_folder):
+    import subprocess
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    le = _one_machine(1)
+    stale = dist.port_agreement.port_file(le.job_id)
+    stale.parent.mkdir()
+    stale.write_text(f"1234 {gone.stdout.strip()}\n")
+    with pytest.raises(RuntimeError, match="waited"):
+        dist.with_port(le, 0.3)
+    zero = dist.with_port(_one_machine(0))  # rank 0 replaces it
+    assert dist.with_port(le, 5).master_port == zero.master_port != 1234
 
 
 def test_multi_node_without_master_addr_is_a_clear_error():
@@ -110,7 +173,7 @@ def test_single_process_needs_no_process_group(monkeypatch):
         dist.shutdown()
 
 
-def test_launcher_environments_become_the_variables_init_process_group_reads():
+def test_launcher_environments_become_the_variables_init_process_group_reads(port_folder):
     env = {
         "OMPI_COMM_WORLD_RANK": "3",
         "OMPI_COMM_WORLD_SIZE": "4",
@@ -118,8 +181,10 @@ def test_launcher_environments_become_the_variables_init_process_group_reads():
         "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
         "OMPI_MCA_ess_base_jobid": "123",
     }
+    rank_0 = {**env, "OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_LOCAL_RANK": "0"}
+    dist.set_torch_env_from_launcher(rank_0)  # publishes the port rank 3 reads
     le = dist.set_torch_env_from_launcher(env)
-    assert le.launcher == "mpirun"
+    assert le.launcher == "mpirun" and env["MASTER_PORT"] == rank_0["MASTER_PORT"]
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (
         "3",
         "4",
