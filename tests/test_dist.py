@@ -116,7 +116,9 @@ def test_the_ranks_of_one_machine_agree_on_the_free_port_rank_0_picked(port_fold
 
 
 def test_a_rank_whose_rank_0_never_publishes_says_so(port_folder):
-    with pytest.raises(RuntimeError, match="rank 1 waited 0.3 s for rank 0 to publish.*MASTER_PORT"):
+    with pytest.raises(
+        RuntimeError, match="rank 1 waited 0.3 s for rank 0 to publish.*MASTER_PORT"
+    ):
         dist.with_port(_one_machine(1), 0.3)
 
 
