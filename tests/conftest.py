@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -78,6 +80,16 @@ def processes_matching(marker: str) -> list[psutil.Process]:
         except psutil.Error:  # gone meanwhile, or its command line unreadable
             continue
     return found
+
+
+def wait_started(proc: subprocess.Popen, shown: str, timeout_s: float = 10) -> None:
+    """Wait until ``proc`` runs its program (its command line shows ``shown``). Until its
+    exec a new child is a copy of pytest: its command line and its environment are
+    pytest's, so a check of them right after ``Popen`` would miss it by luck."""
+    deadline = time.monotonic() + timeout_s
+    while shown not in " ".join(psutil.Process(proc.pid).cmdline()):
+        assert time.monotonic() < deadline, f"{proc.args} never started"
+        time.sleep(0.02)
 
 
 def _tagged(p: psutil.Process, tag: str | None) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from conftest import reference_target
+from conftest import reference_target, wait_started
 
 from assessment import calibrate, checkpoint, cli, grade, sandbox, targets
 from assessment.checkpoint import CheckpointRejected
@@ -426,12 +426,13 @@ def test_leftover_checks_find_a_detached_tagged_process(tmp_path: Path) -> None:
     (root / "work").mkdir(parents=True)
     tag = "fixture-tag-0b7c"
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(60)"],
+        [sys.executable, "-c", "import time; time.sleep(60)", tag],
         cwd="/",
         env={**os.environ, sandbox.TAG_VAR: tag},
         start_new_session=True,
     )
     try:
+        wait_started(proc, tag)  # its own environment, not yet pytest's copy
         fake = Report(
             "s.py", "t", "d", "torchrun", 2, 1, 1, 0.5, workdir=str(root / "work"), job_id=tag
         )

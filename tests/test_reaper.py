@@ -4,8 +4,7 @@ import sys
 import textwrap
 import time
 
-import psutil
-from conftest import TEST_TAG, processes_matching
+from conftest import TEST_TAG, processes_matching, wait_started
 
 ORPHAN_MAKER = textwrap.dedent("""
     import subprocess, sys
@@ -68,15 +67,9 @@ def test_a_leftover_counts_only_for_the_test_that_started_it():
     sleep = [sys.executable, "-c", "import time; time.sleep(60)", marker]
     other = subprocess.Popen(sleep, env=dict(os.environ, **{TEST_TAG: "another-test"}))
     ours = subprocess.Popen(sleep)
-
-    def started(proc: subprocess.Popen) -> bool:  # exec'd: its command line shows the marker
-        return marker in " ".join(psutil.Process(proc.pid).cmdline())
-
     try:
-        for _ in range(100):
-            if started(other) and started(ours):
-                break
-            time.sleep(0.05)
+        wait_started(other, marker)
+        wait_started(ours, marker)
         assert [p.pid for p in processes_matching(marker)] == [ours.pid]
     finally:
         for proc in (other, ours):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import wait_started
 
 from lab_utils import launch, spark_cluster
 
@@ -92,6 +93,7 @@ def test_marker_finds_processes():
     marker = secrets.token_hex(8)
     proc = subprocess.Popen(["sleep", "30"], env=dict(os.environ, LABS_SPARK_TEST=marker))
     try:
+        wait_started(proc, "sleep 30")
         assert [p.pid for p in marked(marker)] == [proc.pid]
     finally:
         proc.kill()
@@ -133,6 +135,7 @@ def test_executor_check_finds_an_executor(tmp_path):
     c = spark_cluster.Cluster(url="spark://x:1", ui_url="http://x:2", work_dir=tmp_path)
     c.procs.append(daemon)
     try:
+        wait_started(daemon, "CoarseGrainedExecutorBackend 30")
         assert len(executors(c)) == 1
     finally:
         daemon.kill()
