@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ def publish(job: str) -> int:
     """Rank 0: pick a free port, write it for the other ranks, return it."""
     port = free_port()
     folder().mkdir(mode=0o700, exist_ok=True)
+    _check_owner()
     _remove_stale()
     path = port_file(job)
     partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
@@ -49,6 +51,8 @@ def wait_for(job: str, rank: int, timeout_s: float) -> int:
     path = port_file(job)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        if path.parent.exists():
+            _check_owner()
         found = _read(path)
         if found is not None and _alive(found[1]):
             return found[0]
@@ -58,6 +62,17 @@ def wait_for(job: str, rank: int, timeout_s: float) -> int:
         f"port in {path}: if rank 0 failed, its output above says why. To choose the port "
         "yourself, give every rank the same MASTER_PORT (e.g. `mpirun -x MASTER_PORT=29500`)."
     )
+
+
+def _check_owner() -> None:
+    """The folder must be this user's alone: a port planted by someone else would send
+    the ranks to another process's store."""
+    st = folder().lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise RuntimeError(
+            f"{folder()} is not a folder of this user's alone, so the job's rendezvous port "
+            "cannot be trusted to it: remove it, or give every rank the same MASTER_PORT."
+        )
 
 
 def _read(path: Path) -> tuple[int, int] | None:

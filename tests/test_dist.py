@@ -258,3 +258,12 @@ def test_gloo_uses_loopback_on_one_machine_only():
     env = {"GLOO_SOCKET_IFNAME": "eth0"}
     dist.gloo_on_loopback(one, env)
     assert env == {"GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def test_a_ports_folder_others_can_write_is_refused(port_folder):
+    port_folder.mkdir(mode=0o777)
+    port_folder.chmod(0o777)  # as if another user had made it first, open to all
+    with pytest.raises(RuntimeError, match="not a folder of this user's alone"):
+        dist.with_port(_one_machine(0))
+    with pytest.raises(RuntimeError, match="not a folder of this user's alone"):
+        dist.with_port(_one_machine(1), 5)
