@@ -183,10 +183,11 @@ def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
     ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
     ``MASTER_ADDR`` and ``MASTER_PORT`` itself; ``mpirun``, Slurm's ``srun`` and
     ``horovodrun`` set their own names instead, and a plain ``python script.py`` sets
-    none. This fills in whatever is missing (a free port, which the ranks of one machine
-    agree on through :func:`with_port`; loopback for Gloo on one machine), so that ``torch.distributed.init_process_group(backend)``
-    works the same under every launcher, and arms :func:`leave_at_exit` (the job ends
-    without an abort at exit). Nothing else: the script makes the calls.
+    none. This fills in whatever is missing (a free port, which the ranks of one
+    machine agree on through :func:`with_port`; loopback for Gloo on one machine), so
+    that ``torch.distributed.init_process_group(backend)`` works the same under every
+    launcher, and arms :func:`leave_at_exit` (the job ends without an abort at exit).
+    Nothing else: the script makes the calls.
     """
     target = os.environ if env is None else env
     if env is None:
