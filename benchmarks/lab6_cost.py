@@ -1,5 +1,7 @@
 """Lab 6's cost of one step: MFU of the reference transformer step, bf16 autocast vs
-fp32 step time, and activation recomputation's time overhead and memory saving.
+fp32 step time, and activation recomputation's time overhead and memory saving under
+each policy (selective — the attention core, Korthikanti et al. §5 —, the attention and
+MLP sub-layers, full).
 
 The model is the Lab 4/6 ``char_transformer`` (cpu: d=128, 4 blocks, 16 × 128 tokens);
 its FLOPs are counted from shapes (equal to ``FlopCounterMode``, see Lab 6.1), the peak
@@ -129,11 +131,13 @@ def run(settings: Settings) -> Report:
     )
     if dev.type == "cuda":
         name = torch.cuda.get_device_name(dev)
+        card = flops.published_card(name)  # matched by the whole name, or none
         published = flops.published_peak(name, torch.float32)
         report.add(
             f"MFU against {name}'s published fp32 peak",
             None if published is None else 100 * flops.mfu(step_flops, fp32_s, published),
             "%",
+            note=card.source if card else "not in flops.PUBLISHED_PEAKS",
         )
     report.add(
         "bf16 autocast / fp32 step time",

@@ -4,6 +4,7 @@ self-checks that fail on the usual wrong answers (each named by its hint)."""
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -27,6 +28,37 @@ def test_transformer_formula_equals_the_counter_and_the_fused_kernel_is_not_coun
     # What the math kernel adds is exactly attention's two products, 3 × 4·s²·d per sequence.
     assert counted - fused == n_layers * 12 * b * s * s * d
     assert 6 * flops.linear_weights(model) * b * s == fused
+
+
+def test_the_cpu_fused_kernel_has_no_formula_and_meta_always_takes_the_math_path():
+    """6.1 once counted "without the math kernel" on meta and printed "missing 0": on
+    meta, scaled_dot_product_attention decomposes into the math path, so nothing is
+    missing there; on real CPU tensors the fused kernel runs, and torch's flop_registry
+    has no formula for it (it has them for CUDA's fused kernels)."""
+    from torch.utils.flop_counter import flop_registry
+
+    aten = torch.ops.aten
+    assert aten._scaled_dot_product_flash_attention_for_cpu not in flop_registry
+    assert aten._scaled_dot_product_flash_attention_for_cpu_backward not in flop_registry
+    assert aten._scaled_dot_product_flash_attention in flop_registry  # CUDA's flash kernel
+    n_layers, d, vocab, b, s = 1, 16, 20, 2, 8
+    kwargs = dict(vocab=vocab, d_model=d, n_heads=2, n_layers=n_layers, max_len=s)
+    model = models.build("char_transformer", **kwargs)
+    x = torch.randint(0, vocab, (b, s))
+    real = lambda: lm_loss(model(x), x).backward()
+    assert flops.attention_ops(real) == {
+        "aten._scaled_dot_product_flash_attention_for_cpu": False,
+        "aten._scaled_dot_product_flash_attention_for_cpu_backward": False,
+    }
+    attention = n_layers * 12 * b * s * s * d
+    math = flops.count_flops(real)
+    assert math - flops.count_flops(real, math_attention=False) == attention
+    with torch.device("meta"):
+        meta_model = models.build("char_transformer", **kwargs)
+    xm = x.to("meta")
+    on_meta = lambda: lm_loss(meta_model(xm), xm).backward()
+    assert flops.attention_ops(on_meta) == {}  # no fused kernel ran: the math path
+    assert flops.count_flops(on_meta, math_attention=False) == math  # "missing 0" on meta
 
 
 @pytest.mark.parametrize(
@@ -61,14 +93,93 @@ def test_cnn_count_and_the_first_layers_missing_input_gradient():
         checks.check_cnn_flops(every_conv_three_times)
 
 
-def test_memory_bound_check_fails_on_the_inverted_rule():
-    checks.check_memory_bound(reference.memory_bound, 1e12, 1e11)
-    with pytest.raises(CheckFailed, match="memory-bound"):
-        checks.check_memory_bound(lambda i, p, b: i > p / b, 1e12, 1e11)
+def _roofline(intensity_of, bound_of):
+    """A matmul_roofline answer built from a (possibly wrong) intensity and rule."""
+
+    def fn(m, k, n, dtype, peak, bandwidth):
+        i = intensity_of(m, k, n, dtype.itemsize)
+        return i, bound_of(i, dtype, peak, bandwidth)
+
+    return fn
+
+
+RIGHT_I = lambda m, k, n, e: 2 * m * k * n / (e * (m * k + k * n + m * n))
+RIGHT_BOUND = lambda i, dt, peak, bw: i < peak[dt] / bw
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (  # counting only the inputs: the output write forgotten
+            _roofline(lambda m, k, n, e: 2 * m * k * n / (e * (m * k + k * n)), RIGHT_BOUND),
+            "output is written too",
+        ),
+        (  # fp32's 4 bytes for every dtype
+            _roofline(lambda m, k, n, e: RIGHT_I(m, k, n, 4), RIGHT_BOUND),
+            "element size is dtype.itemsize",
+        ),
+        (  # bits, not bytes
+            _roofline(lambda m, k, n, e: RIGHT_I(m, k, n, 8 * e), RIGHT_BOUND),
+            "bytes, not bits",
+        ),
+        (  # m·k·n FLOPs
+            _roofline(lambda m, k, n, e: RIGHT_I(m, k, n, e) / 2, RIGHT_BOUND),
+            "multiply and an add",
+        ),
+        (  # the fp32 ridge point for every dtype
+            _roofline(RIGHT_I, lambda i, dt, peak, bw: i < peak[torch.float32] / bw),
+            "ridge point of the op's own dtype",
+        ),
+        (  # the ridge point upside down
+            _roofline(RIGHT_I, lambda i, dt, peak, bw: i < bw / peak[dt]),
+            "ridge point is peak / bandwidth",
+        ),
+        (  # memory-bound on the wrong side
+            _roofline(RIGHT_I, lambda i, dt, peak, bw: i > peak[dt] / bw),
+            "below the ridge point",
+        ),
+    ],
+)
+def test_a_wrong_roofline_prediction_fails_and_names_the_mistake(wrong, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        checks.check_matmul_roofline(wrong)
+
+
+def test_matmul_roofline_reference_passes_on_a_measured_machine_too():
+    checks.check_matmul_roofline(reference.matmul_roofline)
+    checks.check_matmul_roofline(
+        reference.matmul_roofline, {torch.float32: 3e10, torch.bfloat16: 2e11}, 3.5e10
+    )
+    assert reference.matmul_roofline(2, 3, 4, torch.bfloat16, {torch.bfloat16: 1.0}, 1.0) == (
+        48 / (2 * (6 + 12 + 8)),  # 2·m·k·n FLOPs over 2-byte inputs and output
+        True,  # 0.92 FLOP/byte, left of a ridge point at 1
+    )
+
+
+@pytest.mark.parametrize(
+    "name, dtype, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", torch.bfloat16, 989.4e12),  # the SXM card
+        ("NVIDIA H100 PCIe", torch.bfloat16, 756e12),  # "H100" in its name, not its peak
+        ("NVIDIA H100 NVL", torch.bfloat16, 835.5e12),
+        ("NVIDIA H200 NVL", torch.float32, 60e12),  # not the H200 SXM's 67
+        ("NVIDIA L40", torch.bfloat16, 181e12),  # contains "L4"; neither L4's nor L40S's
+        ("NVIDIA L4", torch.bfloat16, 121e12),
+        ("NVIDIA L40S", torch.bfloat16, 362e12),
+        ("Tesla V100-PCIE-16GB", torch.float32, 14e12),  # not the SXM2's 15.7
+        ("NVIDIA A10G", torch.bfloat16, None),  # not in the table: no A10 peak for it
+        ("NVIDIA A100-SXM4-40GB", torch.float32, 19.5e12),
+    ],
+)
+def test_published_peak_matches_the_whole_name_of_confusable_cards(name, dtype, peak):
+    assert flops.published_peak(name, dtype) == peak
+    card = flops.published_card(name)
+    assert (card is None) == (peak is None)
+    if card is not None:
+        assert card.name == name and "data sheet" in card.source
 
 
 def test_published_peaks_mfu_and_costs():
-    assert flops.published_peak("NVIDIA H100 80GB HBM3", torch.bfloat16) == 989.4e12
     assert flops.published_peak("NVIDIA A100-SXM4-40GB", torch.float32, tf32=True) == 156e12
     assert flops.published_peak("Tesla T4", torch.bfloat16) is None
     assert flops.published_peak("Some CPU", torch.float32) is None
@@ -93,10 +204,63 @@ def test_fp16_gradients_check_fails_without_the_loss_scale():
         checks.check_fp16_gradients(lambda g, s: g.half().float())
     with pytest.raises(CheckFailed, match="unscale"):
         checks.check_fp16_gradients(lambda g, s: (g * s).half().float())
+    with pytest.raises(CheckFailed, match="unscale in fp32"):
+        checks.check_fp16_gradients(lambda g, s: ((g * s).half() / s).float())
+    with pytest.raises(CheckFailed, match="bfloat16 has fp32's exponent range"):
+        checks.check_fp16_gradients(lambda g, s: (g * s).bfloat16().float() / s)
+
+
+def test_fp16_flushes_at_2_to_the_minus_25_and_the_figure_marks_it_there():
+    """A cast to fp16 rounds to nearest, ties to even: 2⁻²⁵ (half of the smallest
+    subnormal 2⁻²⁴) goes to 0, anything above it to 2⁻²⁴. The figure's flush line sits
+    where torch's cast flushes (the old -24 marked a value fp16 keeps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lab_utils.plots import lab6 as plots
+
+    half_tiny = torch.tensor(2.0**-25)
+    above = torch.nextafter(half_tiny, torch.tensor(1.0))
+    assert float(half_tiny.half()) == 0.0
+    assert float(above.half()) == 2.0**-24
+    assert float(torch.tensor(2.0**-24).half()) == 2.0**-24
+    ax = plots.gradient_magnitudes(torch.logspace(-30, -1, 50, base=2.0).numpy(), scale=2.0**10)
+    flush = min(line.get_xdata()[0] for line in ax.lines)  # the left of the two red lines
+    plt.close(ax.figure)
+    edge = torch.tensor(2.0**flush)
+    assert float(edge.half()) == 0.0  # the line's value is flushed ...
+    assert float(torch.nextafter(edge, torch.tensor(1.0)).half()) != 0.0  # ... the next is not
+
+
+def test_cpu_autocast_leaves_softmax_and_layer_norm_in_the_dtype_they_get():
+    """CUDA's autocast casts softmax, log_softmax and layer_norm to fp32; the CPU's does
+    not (they are in no list of AutocastCPUTestLists): fed a bf16 matmul output, they
+    return bf16. Only the loss (nll_loss, in the CPU's fp32 list) comes out fp32."""
+    rows = {op: (i, o) for op, i, o in checks.autocast_dtypes("cpu", torch.bfloat16)}
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert rows["linear / matmul"] == (fp32, bf16)
+    assert rows["softmax"] == (bf16, bf16)
+    assert rows["log_softmax"] == (bf16, bf16)
+    assert rows["layer_norm (fp32 weights)"] == (bf16, bf16)
+    assert rows["cross_entropy"] == (bf16, fp32)
+    # In char_transformer LayerNorm's input is the fp32 residual stream: fp32 out, for
+    # that reason and not autocast's.
+    model = models.build("char_transformer", vocab=20, d_model=16, n_heads=2, n_layers=1, max_len=8)
+    x = torch.randint(0, 20, (2, 8))
+
+    def forward():
+        with torch.no_grad(), torch.autocast("cpu", dtype=bf16):
+            model(x)
+
+    seen = checks.module_output_dtypes(model, forward)
+    assert seen["LayerNorm"] == ({fp32}, {fp32})
+    assert seen["Linear"][1] == {bf16} and seen["GELU"] == ({bf16}, {bf16})
 
 
 # ----------------------------------------------------------------------------- saved bytes
-def test_meter_counts_each_storage_once_where_the_lab4_counter_counts_views_twice():
+def test_meter_counts_each_storage_once_and_lab4s_activation_bytes_is_the_same_meter():
     w = torch.randn(8, 8, requires_grad=True)
     base = torch.randn(4, 8, requires_grad=True) * 1.0  # one storage of 4·8 floats
 
@@ -105,9 +269,8 @@ def test_meter_counts_each_storage_once_where_the_lab4_counter_counts_views_twic
         return (top @ w).sum() + (whole @ w).sum()
 
     meter = saved_bytes.saved_bytes(forward, exclude=[w])
-    old = memory.activation_bytes(forward, exclude=[w])
-    assert meter == 4 * 8 * 4  # the storage, once
-    assert old == (2 * 8 + 4 * 8) * 4  # the old counter adds the two views
+    assert meter == 4 * 8 * 4  # the storage, once (counting per view would add 2·8 floats)
+    assert memory.activation_bytes(forward, exclude=[w]) == meter  # one meter in the course
 
 
 def test_meter_excludes_weights_and_reports_dtypes():
@@ -146,10 +309,38 @@ def policies():
 def test_recomputation_changes_bytes_by_the_counted_amounts(policies):
     s, b, h, a, layers = 8, 3, 16, 2, 2
     none = policies["none"][0]
-    assert none - policies["attention"][0] == layers * 4 * (4 * s * b * h + a * s * b)
-    assert none - policies["mlp"][0] == layers * 4 * 8 * s * b * h
+    # selective (Korthikanti et al. §5, the attention core): with the fused kernel only
+    # its log-sum-exp goes; q, k, v stay as its inputs, its output as proj's input
+    assert none - policies["selective"][0] == layers * 4 * a * s * b
+    assert none - policies["attention_sublayer"][0] == layers * 4 * (4 * s * b * h + a * s * b)
+    assert none - policies["mlp_sublayer"][0] == layers * 4 * 8 * s * b * h
     block = reference.layer_activation_bytes(s, b, h, a)
     assert none - policies["full"][0] == layers * (block - 4 * s * b * h)
+
+
+def test_selective_recomputation_drops_the_math_kernels_s_by_s_matrix():
+    """With attention in the math kernel the core stores its s×s softmax output; the
+    selective policy drops exactly that (a·s²·b values per block), and keeps the same
+    bytes as with the fused kernel. (s = 12 ≠ head size 8, so the shapes differ.)"""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    s, b, a, layers = 12, 3, 2, 2
+    kwargs = dict(vocab=20, d_model=16, n_heads=a, n_layers=layers, max_len=s)
+    x = torch.randint(0, 20, (b, s))
+    out = {}
+    for kernel in ("fused", "math"):
+        for policy in ("none", "selective"):
+            torch.manual_seed(0)
+            model = saved_bytes.recompute(models.build("char_transformer", **kwargs), policy)
+            with (
+                sdpa_kernel(SDPBackend.MATH) if kernel == "math" else nullcontext(),
+                saved_bytes.SavedBytes(exclude=model.parameters()) as meter,
+            ):
+                lm_loss(model(x), x)
+            out[kernel, policy] = meter.bytes
+    assert out["math", "none"] - out["math", "selective"] == layers * 4 * a * s * s * b
+    assert out["fused", "none"] - out["fused", "selective"] == layers * 4 * a * s * b
+    assert out["math", "selective"] == out["fused", "selective"]
 
 
 def test_recomputation_leaves_loss_and_gradients_unchanged(policies):

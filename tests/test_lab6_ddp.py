@@ -5,8 +5,10 @@ and the profiler script under mpirun. The notebooks run the scripts with torchru
 """
 
 import os
+import random
 
 import pytest
+import torch.distributed as dist
 from conftest import REPO, tiny_transformer
 
 from lab_utils import launch, trace
@@ -85,24 +87,114 @@ def test_reference_solutions_pass_their_checks():
     checks.check_bytes_sent_per_rank(solutions.bytes_sent_per_rank)
 
 
-def forward_order(nbytes, cap):
+def old_rule(nbytes, ready, cap, first_cap):
+    """What notebook 5 used to teach: close a bucket BEFORE it would pass the cap, walking
+    from the last parameter to the first, no first-bucket cap."""
     out, size = [], 0
-    for i, b in enumerate(nbytes):
-        if out and size + b <= cap:
+    for i in reversed(range(len(nbytes))):
+        if out and size + nbytes[i] <= cap:
             out[-1].append(i)
-            size += b
+            size += nbytes[i]
         else:
             out.append([i])
-            size = b
+            size = nbytes[i]
     return out
+
+
+def torch_assignment(nbytes, ready, cap, first_cap):
+    """PyTorch's own function, called as DDP's reducer calls it when it rebuilds its
+    buckets: fp32 tensors in gradient-ready order, limits [first_cap, cap]."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [torch.empty(nbytes[i] // 4) for i in ready]
+    buckets, _ = dist._compute_bucket_assignment_by_size(
+        tensors, [first_cap, cap], [False] * len(ready), list(ready)
+    )
+    return [list(b) for b in buckets]
+
+
+def random_bucket_cases(n: int, seed: int):
+    """Random fp32 size lists, gradient-ready orders (reversed, or with neighbours swapped
+    as a LayerNorm's weight and bias arrive), caps and first-bucket caps (equal, smaller,
+    larger)."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        k = rng.randint(1, 20)
+        nbytes = [4 * rng.randint(1, 64) for _ in range(k)]
+        ready = list(reversed(range(k)))
+        for _ in range(rng.randint(0, 3)):
+            j = rng.randrange(max(1, k - 1))
+            ready[j : j + 2] = ready[j : j + 2][::-1]
+        cap = 4 * rng.randint(1, 96)
+        first_cap = rng.choice([cap, 4 * rng.randint(1, 96)])
+        yield nbytes, ready, cap, first_cap
+
+
+def disagreements(fn, n: int = 500, seed: int = 1) -> int:
+    return sum(
+        fn(list(b), list(r), c, f) != torch_assignment(b, r, c, f)
+        for b, r, c, f in random_bucket_cases(n, seed)
+    )
+
+
+def test_make_buckets_is_torchs_own_assignment():
+    """The exercise's reference equals torch.distributed._compute_bucket_assignment_by_size
+    (what DDP's reducer calls) on 500 random size lists, orders, caps and first caps; the
+    rule the notebook used to teach does not (the issue's example included)."""
+    assert disagreements(solutions.make_buckets) == 0
+    example = ([40, 8, 40, 8, 16], [4, 3, 2, 1, 0], 48, 48)
+    assert torch_assignment(*example) == [[4, 3, 2], [1, 0]]
+    assert solutions.make_buckets(*example) == [[4, 3, 2], [1, 0]]
+    assert old_rule(*example) == [[4, 3], [2, 1], [0]]
+    assert disagreements(old_rule) > 250
+
+
+def test_other_dtypes_and_sparse_gradients_get_their_own_buckets():
+    """What notebook 5 says beside the exercise, on torch's own function: a gradient of
+    another dtype goes to a bucket of its own dtype, a sparse one to a bucket alone."""
+    import torch
+
+    mixed = [torch.empty(4), torch.empty(4, dtype=torch.float64), torch.empty(4)]
+    assert dist._compute_bucket_assignment_by_size(mixed, [1000])[0] == [[0, 2], [1]]
+    same = [torch.empty(4) for _ in range(3)]
+    sparse = dist._compute_bucket_assignment_by_size(same, [1000], [False, True, False])[0]
+    assert sparse == [[0, 2], [1]]
+
+
+def test_the_checks_cases_are_torchs():
+    """The self-check's own expected buckets come from torch's function."""
+    for b, r, c, f in checks.bucket_cases():
+        assert checks.torch_buckets(b, r, c, f) == torch_assignment(b, r, c, f)
+
+
+def _closing(nbytes, ready, cap, first_cap, *, passed=False, first=None, order=None):
+    """The right rule with one thing changed."""
+    out, open_bucket, size = [], [], 0
+    for i in order if order is not None else ready:
+        open_bucket.append(i)
+        size += nbytes[i]
+        limit = cap if out else (first_cap if first is None else first)
+        if (size > limit) if passed else (size >= limit):
+            out.append(open_bucket)
+            open_bucket, size = [], 0
+    return out + ([open_bucket] if open_bucket else [])
 
 
 @pytest.mark.parametrize(
     "wrong, hint",
     [
-        (forward_order, "LAST layer"),
-        (lambda nbytes, cap: [list(reversed(range(len(nbytes))))], "passed the cap"),
-        (lambda nbytes, cap: [[i] for i in reversed(range(len(nbytes)))], "would not fit"),
+        (old_rule, "does not close a bucket before it would pass the limit"),
+        (lambda b, r, c, f: _closing(b, r, c, f, passed=True), r"reach the limit \(>=\)"),
+        (lambda b, r, c, f: _closing(b, r, c, f, first=c), "own, smaller limit first_cap"),
+        (
+            lambda b, r, c, f: _closing(b, r, c, f, order=list(reversed(range(len(b))))),
+            "not always the reverse",
+        ),
+        (lambda b, r, c, f: _closing(b, r, c, f, order=list(range(len(b)))), "registration"),
+        (lambda b, r, c, f: [sorted(x) for x in _closing(b, r, c, f)], "order they were added"),
+        (lambda b, r, c, f: [list(r)], "close the bucket once its bytes reach its limit"),
+        (lambda b, r, c, f: _closing(b, r, c, f)[:-1], "exactly one bucket"),
     ],
 )
 def test_wrong_buckets_fail(wrong, hint):
@@ -123,7 +215,16 @@ def patched(strategy_to_break: str, change):
     [
         (patched("ddp", lambda v, kw: v / 2), "reduce-scatter followed by an all-gather"),
         (patched("ddp", lambda v, kw: 2 * kw["psi"] * 4), r"\(n−1\)/n"),
-        (patched("zero1", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "broadcasts"),
+        (
+            patched("zero1_torch", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)),
+            "then each rank broadcasts",
+        ),
+        (
+            # what notebook 6 used to say: sharding the state costs one more Ψ
+            patched("zero2", lambda v, kw: solutions.bytes_sent_per_rank("zero1_torch", **kw)),
+            r"ZeroRedundancyOptimizer .*§7\.2\.1",
+        ),
+        (patched("zero2", lambda v, kw: v / 2), "all-gather of the parameters"),
         (patched("fsdp", lambda v, kw: solutions.bytes_sent_per_rank("ddp", **kw)), "twice"),
         (patched("tp", lambda v, kw: v / 2), "backward all-reduces too"),
         (patched("pp", lambda v, kw: v / 2), "comes back in backward"),
@@ -143,31 +244,49 @@ def test_ring_bytes_per_rank():
 
 def test_script_buckets_are_the_reference_rule():
     script = load_script(SCRIPTS / "ddp_by_hand.py")
-    for sizes, cap in (([40, 8, 40, 8, 16], 48), ([4] * 9, 8), ([100], 1)):
-        assert script.make_buckets(sizes, cap) == solutions.make_buckets(sizes, cap)
+    assert script.make_buckets is solutions.make_buckets
+    # DDP's caps (torch/nn/parallel/distributed.py, _BucketCapacityConfig.create)
+    assert script.ddp_bucket_caps(None) == (25 * 2**20, dist._DEFAULT_FIRST_BUCKET_BYTES)
+    assert script.ddp_bucket_caps(0.01) == (int(0.01 * 2**20),) * 2
 
 
-def test_replay_exposed_communication():
+def test_replay_and_fit():
     script = load_script(SCRIPTS / "ddp_by_hand.py")
     # one bucket: it starts when backward ends, so all of it is exposed
     assert script.replay_exposed([100], 1.0, 0.1, 0.01) == pytest.approx(0.1 + 1.0)
     # two halves: the first (0.6 s) runs 0.5–1.1, the second 1.1–1.7, so 0.7 s after backward
     assert script.replay_exposed([50, 50], 1.0, 0.1, 0.01) == pytest.approx(0.7)
+    # on shared cores nothing hides: every all-reduce adds α + β·bytes
+    assert script.replay_serial([50, 50], 0.1, 0.01) == pytest.approx(1.2)
     assert script.fit_alpha_beta([0, 10, 20], [1.0, 2.0, 3.0]) == pytest.approx((1.0, 0.1))
+    # a ring all-reduce: each rank sends 2(N−1)/N of the data
+    assert script.ring_bytes(100, 2) == 100 and script.ring_bytes(100, 4) == 150
 
 
 # ------------------------------------------------------------------ the hand-made DDP, run
+# 3.7 MB of fp32 gradients: more than DDP's 1 MiB first bucket, so its own cap shows
+WIDE = ["--d-model", "192", "--heads", "4", "--layers", "2", "--seq-len", "16"]
+
+
 @pytest.fixture(scope="module")
 def hand_ddp_runs():
-    """One 2-process run: HandDDP as written, without the average, and with a bucket sent early."""
+    """One 2-process run: HandDDP as written, without the average, and with a bucket sent
+    early; then HandDDP's buckets beside DDP's at 4 KiB, 0.01 MB and DDP's default caps."""
     result = launch.run(
         SCRIPTS / "ddp_by_hand.py",
         [
-            *TINY,
+            *WIDE,
+            "--batch-size",
+            "4",
+            "--n-chars",
+            "20000",
             "--steps",
             "2",
             "--bucket-kb",
             "4",
+            "--compare-mb",
+            "0.01",
+            "default",
             "--no-timing",
             "--bugs",
             "none",
@@ -179,14 +298,36 @@ def hand_ddp_runs():
         echo=False,
         env=QUICK,
     ).check()
-    return {m["bug"]: m for m in events_of(result, "equivalence")}
+    runs = {m["bug"]: m for m in events_of(result, "equivalence")}
+    (buckets,) = events_of(result, "buckets")
+    return runs, buckets["caps"]
 
 
 @pytest.mark.launcher
 def test_hand_ddp_equals_ddp(hand_ddp_runs):
-    run = hand_ddp_runs["none"]
+    run = hand_ddp_runs[0]["none"]
     assert run["buckets"] > 2  # several buckets, so the hooks' order matters
+    assert run["buckets"] == run["ddp_buckets"]
     checks.check_hand_ddp(run)
+
+
+@pytest.mark.launcher
+def test_hand_ddp_buckets_are_ddps(hand_ddp_runs):
+    """HandDDP's buckets, and the reference make_buckets on the order the gradients
+    arrived, equal the buckets DistributedDataParallel itself made, parameter by
+    parameter, at every cap, DDP's default (a 1 MiB first bucket, then 25 MiB) included.
+    The old rule (close before passing the cap, no first-bucket cap) misses them."""
+    caps = hand_ddp_runs[1]
+    assert [c["bucket_cap_mb"] for c in caps] == [4 / 1024, 0.01, None]
+    old_matches = 0
+    for c in caps:
+        assert c["hand"] == c["ddp"]
+        assert solutions.make_buckets(c["nbytes"], c["order"], c["cap"], c["first_cap"]) == c["ddp"]
+        old_matches += old_rule(c["nbytes"], c["order"], c["cap"], c["first_cap"]) == c["ddp"]
+    assert old_matches == 0
+    default = caps[-1]
+    first = sum(default["nbytes"][i] for i in default["ddp"][0])
+    assert len(default["ddp"]) == 2 and first >= dist._DEFAULT_FIRST_BUCKET_BYTES
 
 
 @pytest.mark.launcher
@@ -196,7 +337,7 @@ def test_hand_ddp_equals_ddp(hand_ddp_runs):
 )
 def test_hand_ddp_mistakes_fail(hand_ddp_runs, bug, hint):
     with pytest.raises(CheckFailed, match=hint):
-        checks.check_hand_ddp(hand_ddp_runs[bug])
+        checks.check_hand_ddp(hand_ddp_runs[0][bug])
 
 
 # ------------------------------------------------------------------ the profiler script, mpirun
@@ -219,3 +360,43 @@ def test_profile_ddp_under_mpirun(tmp_path):
         t = trace.load(path)
         assert trace.per_step(t, "all_reduce") == run["buckets"]
         assert 0.0 <= trace.overlap_fraction(t.compute, t.comm) <= 1.0
+
+
+# ------------------------------------------------------------------ ZeRO's bytes, counted
+@pytest.mark.launcher
+def test_zero2_sends_ddps_bytes_and_zero_redundancy_optimizer_more():
+    """Counted in a run (Gloo, 2 processes): ZeRO stage 2 as Rajbhandari et al. define it
+    (reduce-scatter of the gradients, all-gather of the updated parameters, §7.2.1) sends
+    per rank exactly DDP's 2(N−1)/N·Ψ values and trains the weights one process would;
+    PyTorch's ZeroRedundancyOptimizer sends (N−1)/N·Ψ more (its broadcast). The exercise's
+    reference predicts each; "sharding the state costs one extra Ψ" holds for
+    ZeroRedundancyOptimizer only."""
+    result = launch.run(
+        SCRIPTS / "predicted_bytes.py",
+        [*TINY, "--strategies", "ddp", "zero1_torch", "zero2"],
+        nprocs=2,
+        timeout=240,
+        echo=False,
+        env=QUICK,
+    ).check()
+    (shape,) = events_of(result, "model")
+    runs = {m["strategy"]: m for m in events_of(result, "counted")}
+    n, psi = shape["procs"], shape["psi"]
+    sent = {s: checks.ring_bytes_per_rank(r["bytes"], n) for s, r in runs.items()}
+    assert set(runs["zero2"]["bytes"]) == {"reduce_scatter", "all_gather"}
+    assert set(runs["zero1_torch"]["bytes"]) == {"all_reduce", "broadcast"}
+    assert sent["zero2"] == sent["ddp"] == 2 * (n - 1) / n * psi * 4
+    assert sent["zero1_torch"] == 3 * (n - 1) / n * psi * 4
+    sizes = {k: shape[k] for k in ("batch_size", "seq_len", "d_model", "layers")}
+    for strategy, counted in sent.items():
+        predicted = solutions.bytes_sent_per_rank(
+            strategy,
+            n=n,
+            psi=psi,
+            batch=sizes["batch_size"],
+            seq_len=sizes["seq_len"],
+            d_model=sizes["d_model"],
+            layers=sizes["layers"],
+        )
+        assert counted == pytest.approx(predicted, rel=1e-12)
+    assert runs["zero2"]["weight_rel_err"] <= 1e-5

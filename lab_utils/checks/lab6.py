@@ -6,6 +6,8 @@ hold, naming the likely mistake.
 
 from __future__ import annotations
 
+import math
+import random
 from collections.abc import Callable
 
 import torch
@@ -108,19 +110,163 @@ def check_cnn_flops(fn: Callable) -> None:
     passed("cnn_train_flops: equal to FlopCounterMode for 3 widths")
 
 
-def check_memory_bound(fn: Callable, peak_flops: float, bandwidth: float) -> None:
-    """Operations on both sides of the ridge point, and one on it, are classified right."""
-    ridge = peak_flops / bandwidth
-    for intensity in (ridge / 100, ridge / 2, ridge, ridge * 2, ridge * 100):
-        got, want = bool(fn(intensity, peak_flops, bandwidth)), intensity < ridge
-        if got != want:
+# Two machines whose ridge points tell the mistakes apart: a GPU-like one where bf16 has
+# the higher roof (ridges 10 and 40 FLOP/byte), a CPU that emulates bf16 (10 and 2.5).
+_ROOF_MACHINES = (
+    ({torch.float32: 1e12, torch.bfloat16: 4e12}, 1e11),
+    ({torch.float32: 1e11, torch.bfloat16: 2.5e10}, 1e10),
+)
+# (m, k, n, dtype, machine): fp32 compute-bound first, then fp32 memory-bound, then bf16
+# products whose answer changes with the ridge of the dtype (order matters for the hints).
+_ROOF_CASES = (
+    (96, 96, 96, torch.float32, 0),  # I = 16 > 10
+    (512, 64, 256, torch.float32, 0),  # a thin GEMM: I ≈ 11.6 > 10
+    (48, 48, 48, torch.float32, 0),  # I = 8 < 10
+    (48, 48, 48, torch.bfloat16, 0),  # I = 16 < 40 (but > fp32's 10)
+    (96, 96, 96, torch.bfloat16, 0),  # I = 32 < 40
+    (192, 192, 192, torch.bfloat16, 0),  # I = 64 > 40
+    (12, 12, 12, torch.bfloat16, 1),  # I = 4 > 2.5 (but < fp32's 10)
+    (12, 12, 12, torch.float32, 1),  # I = 2 < 10
+)
+
+
+def _intensity_mistake(got: float, m: int, k: int, n: int, dtype: torch.dtype) -> str:
+    """Name the usual mistake behind a wrong arithmetic intensity of a matmul."""
+    e, flop = dtype.itemsize, 2 * m * k * n
+    elements = m * k + k * n + m * n
+    known = [
+        (
+            flop / (e * (m * k + k * n)),
+            "the output is written too: count its m·n elements "
+            "besides the two inputs (bytes moved = inputs read + output written)",
+        ),
+        (
+            flop / (e * (elements + m * n)),
+            "the product writes its output once and never reads it (m·n elements, not 2·m·n)",
+        ),
+        (flop / (e * (m * k + m * n)), "both inputs are read: the k×n weight too"),
+        (
+            flop / (4 * elements),
+            f"the element size is dtype.itemsize ({e} bytes for "
+            f"{str(dtype).split('.')[-1]}), not 4",
+        ),
+        (flop / (8 * e * elements), f"bytes, not bits: an element of this dtype is {e} bytes"),
+        (flop / (8 * 4 * elements), f"bytes, not bits: an element of this dtype is {e} bytes"),
+        (m * k * n / (e * elements), "a multiply and an add per term: 2·m·k·n FLOPs"),
+        (e * elements / flop, "intensity is FLOPs per byte, not bytes per FLOP"),
+        (2 * m * k * n / elements, f"divide by bytes, not elements ({e} bytes each)"),
+    ]
+    for value, why in known:
+        if math.isclose(got, value, rel_tol=1e-9):
+            return why
+    return "FLOPs 2·m·k·n over bytes (m·k + k·n + m·n) · dtype.itemsize"
+
+
+def check_matmul_roofline(
+    fn: Callable, peak: dict | None = None, bandwidth: float | None = None
+) -> None:
+    """The student's (intensity, memory_bound) of matrix products equal the reference's,
+    on two synthetic machines chosen so that each usual mistake changes an answer, then
+    on this machine (``peak`` per dtype and ``bandwidth``, as measured) if given."""
+    cases = [(m, k, n, dt, *_ROOF_MACHINES[i]) for m, k, n, dt, i in _ROOF_CASES]
+    if peak is not None and bandwidth is not None:
+        cases += [(m, m, m, dt, peak, bandwidth) for m in (64, 4096) for dt in peak]
+    for m, k, n, dtype, machine_peak, bw in cases:
+        got = fn(m, k, n, dtype, dict(machine_peak), bw)
+        intensity, bound = reference.matmul_roofline(m, k, n, dtype, machine_peak, bw)
+        where = (
+            f"({m}×{k})·({k}×{n}) in {str(dtype).split('.')[-1]}, peak "
+            f"{machine_peak[dtype]:.3g} FLOP/s, bandwidth {bw:.3g} B/s"
+        )
+        if not (isinstance(got, tuple | list) and len(got) == 2):
             fail(
-                "memory_bound",
-                f"intensity {intensity:.3g} FLOP/byte with a ridge point at "
-                f"{ridge:.3g}: you said memory-bound={got}",
-                "memory-bound when FLOPs per byte < peak FLOP/s ÷ bandwidth (bytes/s)",
+                "matmul_roofline", f"{where}: returned {got!r}", "return (intensity, memory_bound)"
             )
-    passed(f"memory_bound: the ridge point at {ridge:.3g} FLOP/byte separates the two")
+        if not math.isclose(float(got[0]), intensity, rel_tol=1e-9):
+            fail(
+                "matmul_roofline",
+                f"{where}: you said {float(got[0]):.4g} FLOP/byte, the product does "
+                f"{intensity:.4g}",
+                _intensity_mistake(float(got[0]), m, k, n, dtype),
+            )
+        said = bool(got[1])
+        if said == bound:
+            continue
+        if dtype != torch.float32 and said == (intensity < machine_peak[torch.float32] / bw):
+            hint = (
+                "compare with the ridge point of the op's own dtype, peak[dtype] / bandwidth: "
+                "each dtype has its own flat roof (fp32's peak is not bf16's)"
+            )
+        elif said == (intensity < bw / machine_peak[dtype]):
+            hint = "the ridge point is peak / bandwidth (FLOP/s ÷ bytes/s = FLOP per byte)"
+        else:
+            hint = (
+                "memory-bound when the intensity is below the ridge point peak[dtype] / "
+                "bandwidth: left of it the sloped roof (intensity × bandwidth) is the lower"
+            )
+        ridge = machine_peak[dtype] / bw
+        fail(
+            "matmul_roofline",
+            f"{where}: intensity {intensity:.4g} FLOP/byte, ridge point {ridge:.3g}: you "
+            f"said memory-bound={said}",
+            hint,
+        )
+    passed(f"matmul_roofline: intensity and bound right on {len(cases)} products and machines")
+
+
+def autocast_dtypes(
+    device: torch.device | str, dtype: torch.dtype = torch.bfloat16
+) -> list[tuple[str, torch.dtype, torch.dtype]]:
+    """``(op, input dtype, output dtype)`` of ops run under ``torch.autocast(device,
+    dtype)`` on this device, each fed what it gets in a model: the matrix products fp32
+    tensors, the others the output of a matrix product. Which ops autocast casts, and to
+    what, differs by device (torch/testing/_internal/autocast_test_lists.py:
+    ``AutocastTestLists`` for CUDA, ``AutocastCPUTestLists`` for the CPU)."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    x, w = (torch.randn(8, 8, generator=g).to(device) for _ in range(2))
+    q = torch.randn(1, 2, 8, 4, generator=g).to(device)
+    target = torch.zeros(8, dtype=torch.long, device=device)
+    ln = torch.nn.LayerNorm(8).to(device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
+        h = x @ w  # what a matrix product hands on
+        rows = [
+            ("linear / matmul", x.dtype, F.linear(x, w).dtype),
+            (
+                "scaled_dot_product_attention",
+                q.dtype,
+                F.scaled_dot_product_attention(q, q, q).dtype,
+            ),
+            ("softmax", h.dtype, torch.softmax(h, -1).dtype),
+            ("log_softmax", h.dtype, F.log_softmax(h, -1).dtype),
+            ("layer_norm (fp32 weights)", h.dtype, ln(h).dtype),
+            ("gelu", h.dtype, F.gelu(h).dtype),
+            ("cross_entropy", h.dtype, F.cross_entropy(h, target).dtype),
+        ]
+    return rows
+
+
+def module_output_dtypes(
+    model: torch.nn.Module, run: Callable[[], object]
+) -> dict[str, tuple[set[torch.dtype], set[torch.dtype]]]:
+    """Per module class of ``model`` (``Linear``, ``LayerNorm``, ``GELU``...), the dtypes
+    of the inputs and of the outputs seen while ``run`` runs (forward hooks)."""
+    seen: dict[str, tuple[set[torch.dtype], set[torch.dtype]]] = {}
+
+    def hook(module: torch.nn.Module, args: tuple, out: object) -> None:
+        if isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            ins, outs = seen.setdefault(type(module).__name__, (set(), set()))
+            ins.add(args[0].dtype)
+            outs.add(out.dtype)
+
+    leaves = [m for m in model.modules() if not list(m.children())]
+    handles = [m.register_forward_hook(hook) for m in leaves]
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
 
 
 def _log_uniform_grads(n: int = 4096) -> torch.Tensor:
@@ -128,6 +274,11 @@ def _log_uniform_grads(n: int = 4096) -> torch.Tensor:
     magnitude = 10 ** (torch.rand(n, generator=g) * 10 - 11)  # 1e-11 … 1e-1
     sign = torch.where(torch.rand(n, generator=g) < 0.5, -1.0, 1.0)
     return magnitude * sign
+
+
+def reference_in(grads: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """The loss-scale round trip through ``dtype`` instead of fp16 (a likely mistake)."""
+    return (grads * scale).to(dtype).to(torch.float32) / scale
 
 
 def check_fp16_gradients(fn: Callable) -> None:
@@ -149,8 +300,21 @@ def check_fp16_gradients(fn: Callable) -> None:
             )
         elif torch.equal(got.float(), want * scale):
             hint = "unscale: divide by the scale after casting back to fp32"
+        elif torch.equal(got.float(), ((grads * scale).half() / scale).float()):
+            hint = (
+                "unscale in fp32: dividing while still in fp16 flushes the small values "
+                "to zero again"
+            )
+        elif torch.equal(got.float(), reference_in(grads, scale, torch.bfloat16)):
+            hint = (
+                "the gradients are stored in float16 here; bfloat16 has fp32's exponent "
+                "range, so it would not flush them"
+            )
         else:
-            hint = "(grads · scale) → float16 → float32, then ÷ scale"
+            hint = (
+                "the values the optimizer sees: what fp16 can store of the gradients a "
+                "loss scaled by `scale` gives, brought back to fp32 and to their true size"
+            )
         fail(
             "fp16_gradients",
             f"scale {scale:g}: {zeros} of {grads.numel()} gradients are zero "
@@ -200,31 +364,138 @@ def check_layer_activation_bytes(fn: Callable) -> None:
 
 
 # --------------------------------------------------------------------- 04–06
+def torch_buckets(nbytes: list[int], ready: list[int], cap: int, first_cap: int) -> list[list[int]]:
+    """The buckets PyTorch's own assignment makes: ``_compute_bucket_assignment_by_size``
+    (torch/csrc/distributed/c10d/reducer.cpp), called as DDP's reducer calls it when it
+    rebuilds its buckets after the first backward: the parameters in gradient-ready order,
+    limits ``[first_cap, cap]``."""
+    import torch.distributed as dist
+
+    tensors = [torch.empty(b // 4) for b in (nbytes[i] for i in ready)]  # fp32 gradients
+    buckets, _ = dist._compute_bucket_assignment_by_size(
+        tensors, [first_cap, cap], [False] * len(ready), list(ready)
+    )
+    return [list(b) for b in buckets]
+
+
+def _buckets_by(nbytes, order, cap, first_cap, *, closes, first_for_all=False):
+    """A bucketing rule with one knob changed, to name the mistake a wrong answer made."""
+    out: list[list[int]] = []
+    open_bucket: list[int] = []
+    size = 0
+    for i in order:
+        limit = first_cap if (first_for_all or not out) else cap
+        if closes == "before" and open_bucket and size + nbytes[i] > limit:
+            out.append(open_bucket)
+            open_bucket, size = [], 0
+        open_bucket.append(i)
+        size += nbytes[i]
+        if (closes == "reach" and size >= limit) or (closes == "pass" and size > limit):
+            out.append(open_bucket)
+            open_bucket, size = [], 0
+    return out + ([open_bucket] if open_bucket else [])
+
+
+def _buckets_mistake(got, nbytes, ready, cap, first_cap) -> str:
+    """Name the usual mistake behind wrong buckets."""
+    n = len(nbytes)
+    flat = [i for b in got for i in b] if isinstance(got, list) else []
+    if sorted(flat) != list(range(n)):
+        return "every parameter index must be in exactly one bucket"
+    rule = dict(cap=cap, first_cap=first_cap)
+    candidates = [
+        (
+            _buckets_by(nbytes, ready, closes="before", **rule),
+            "DDP does not close a bucket before it would pass the limit: it adds the "
+            "parameter first, then closes the bucket once its bytes have reached the limit "
+            "(>=), so a bucket may pass it",
+        ),
+        (
+            _buckets_by(nbytes, ready, closes="pass", **rule),
+            "close the bucket when its bytes reach the limit (>=), not only once they pass it",
+        ),
+        (
+            _buckets_by(nbytes, ready, closes="reach", cap=cap, first_cap=cap),
+            f"the first bucket has its own, smaller limit first_cap = {first_cap} bytes "
+            "(dist._DEFAULT_FIRST_BUCKET_BYTES when bucket_cap_mb is not given)",
+        ),
+        (
+            _buckets_by(nbytes, ready, closes="reach", first_for_all=True, **rule),
+            "only the first bucket uses first_cap; every later bucket closes at cap",
+        ),
+        (
+            _buckets_by(nbytes, list(reversed(range(n))), closes="reach", **rule),
+            "walk the parameters in `ready` order, the order their gradients arrived (DDP "
+            "records it in the first backward): it is not always the reverse of the "
+            "registration order",
+        ),
+        (
+            _buckets_by(nbytes, list(range(n)), closes="reach", **rule),
+            "walk the parameters in `ready` order (gradients arrive from the last layer to "
+            "the first), not in registration order",
+        ),
+    ]
+    for wrong, why in candidates:
+        if got == wrong:
+            return why
+    if [sorted(b) for b in got] == [
+        sorted(b) for b in torch_buckets(nbytes, ready, cap, first_cap)
+    ]:
+        return "keep each bucket's indices in the order they were added (the `ready` order)"
+    return (
+        "walk `ready`, add each parameter, close the bucket once its bytes reach its limit "
+        "(first_cap for the first bucket, cap after it); what is left is the last bucket"
+    )
+
+
+def bucket_cases(n_random: int = 40, seed: int = 0) -> list[tuple[list[int], list[int], int, int]]:
+    """(nbytes, ready, cap, first_cap): hand-made cases that tell the usual mistakes apart,
+    then random ones (fp32 gradients: bytes are multiples of 4)."""
+    cases = [
+        ([40, 8, 40, 8, 16], [4, 3, 2, 1, 0], 48, 48),  # closes on reaching; may pass the cap
+        ([16, 16, 16, 16], [3, 2, 1, 0], 32, 32),  # exactly reaching the cap closes it
+        ([8] * 6, [5, 4, 3, 2, 1, 0], 20, 12),  # the first bucket's own limit
+        ([4, 4, 8, 4, 12, 4], [5, 4, 2, 3, 1, 0], 16, 16),  # ready is not reversed(range)
+        ([64, 64], [1, 0], 1000, 1000),  # everything in one (last) bucket
+    ]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        n = rng.randint(1, 12)
+        nbytes = [4 * rng.randint(1, 32) for _ in range(n)]
+        ready = list(reversed(range(n)))
+        if rng.random() < 0.5:  # a few neighbours swapped, as LayerNorm's weight and bias
+            for _ in range(rng.randint(1, 3)):
+                j = rng.randrange(max(1, n - 1))
+                ready[j : j + 2] = ready[j : j + 2][::-1]
+        cap = 4 * rng.randint(1, 48)
+        first_cap = cap if rng.random() < 0.5 else 4 * rng.randint(1, cap // 4)
+        cases.append((nbytes, ready, cap, first_cap))
+    return cases
+
+
 def check_make_buckets(fn: Callable) -> None:
-    """The student's buckets equal DDP's rule on several parameter lists and caps."""
-    cases = [([40, 8, 40, 8, 16], 48), ([100, 4, 100, 4], 64), ([4] * 10, 12), ([64, 64], 1000)]
-    for sizes, cap in cases:
-        got, want = fn(list(sizes), cap), reference.make_buckets(list(sizes), cap)
-        if got == want:
+    """The student's buckets equal PyTorch's own assignment (the function DDP's reducer
+    calls) on hand-made and random parameter lists, caps and first-bucket caps."""
+    cases = bucket_cases()
+    for nbytes, ready, cap, first_cap in cases:
+        want = torch_buckets(nbytes, ready, cap, first_cap)
+        got = fn(list(nbytes), list(ready), cap, first_cap)
+        if isinstance(got, list) and [list(b) for b in got] == want:
             continue
-        flat = [i for b in (got or []) for i in b] if isinstance(got, list) else []
-        forward = [
-            [len(sizes) - 1 - i for i in b]
-            for b in reference.make_buckets(list(reversed(sizes)), cap)
-        ]
-        if sorted(flat) != list(range(len(sizes))):
-            hint = "every parameter index must be in exactly one bucket"
-        elif got == forward:
-            hint = (
-                "backward produces the LAST layer's gradients first: fill buckets from the "
-                "last parameter to the first, so the first bucket is ready earliest"
-            )
-        elif any(sum(sizes[i] for i in b) > cap and len(b) > 1 for b in got):
-            hint = f"a bucket of several parameters passed the cap of {cap} bytes"
-        else:
-            hint = "close a bucket only when the next parameter would not fit in it"
-        fail("make_buckets", f"sizes {sizes}, cap {cap}: you made {got}, DDP makes {want}", hint)
-    passed(f"make_buckets: DDP's buckets on {len(cases)} parameter lists")
+        fail(
+            "make_buckets",
+            f"nbytes {nbytes}, ready {ready}, cap {cap}, first_cap {first_cap}: you made "
+            f"{got}, PyTorch's own assignment (dist._compute_bucket_assignment_by_size, "
+            f"what DDP calls) makes {want}",
+            _buckets_mistake(got, nbytes, ready, cap, first_cap)
+            if isinstance(got, list)
+            else "return a list of buckets, each a list of parameter indices",
+        )
+    passed(f"make_buckets: PyTorch's own bucket assignment on {len(cases)} parameter lists")
+
+
+# the strategies of notebook 6, as scripts/predicted_bytes.py names them
+STRATEGIES = ("ddp", "zero1_torch", "zero2", "fsdp", "tp", "pp")
 
 
 def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
@@ -235,7 +506,7 @@ def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
     layers = kw["layers"]
     if strategy in ("tp", "pp"):
         gradient_answers = [
-            reference.bytes_sent_per_rank(s, **kw) for s in ("ddp", "zero1", "fsdp")
+            reference.bytes_sent_per_rank(s, **kw) for s in ("ddp", "zero1_torch", "fsdp")
         ]
         gradient_answers += [grads, 2 * grads, ring * grads]
         wrong = [
@@ -262,9 +533,19 @@ def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
     else:
         wrong = [
             (
+                3 * ring * grads,
+                {
+                    "zero2": "3(n−1)/n·Ψ is PyTorch's ZeroRedundancyOptimizer (all-reduce, then "
+                    "a broadcast of the updated parameters); ZeRO stages 1–2 as Rajbhandari "
+                    "et al. define them (§7.2.1) reduce-scatter the gradients and all-gather "
+                    "the updated parameters: 2(n−1)/n·Ψ, the same as DDP",
+                }.get(strategy, ""),
+            ),
+            (
                 2 * ring * grads,
                 {
-                    "zero1": "ZeRO-1 also broadcasts each updated shard to the others",
+                    "zero1_torch": "ZeroRedundancyOptimizer all-reduces the gradients as DDP "
+                    "does, then each rank broadcasts the parameters it updated: (n−1)/n·Ψ more",
                     "fsdp": "FSDP gathers the weights twice (forward, and again in "
                     "backward: it freed them) and reduce-scatters the gradients",
                 }.get(strategy, ""),
@@ -272,11 +553,20 @@ def _bytes_mistake(strategy: str, got: float, kw: dict) -> str:
             (2 * grads, "the ring sends (n−1)/n of the data per rank and per pass, not all of it"),
             (
                 ring * grads,
-                "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S",
+                {
+                    "zero2": "after the step each rank's updated shard must reach the others: "
+                    "an all-gather of the parameters after the reduce-scatter",
+                }.get(
+                    strategy,
+                    "an all-reduce is a reduce-scatter followed by an all-gather: 2(n−1)/n·S",
+                ),
             ),
             (grads, "count bytes (4 per fp32 value) and the ring's 2(n−1)/n for an all-reduce"),
         ]
-        default = "data parallelism sends the Ψ gradients (and ZeRO-1 / FSDP the Ψ weights too)"
+        default = (
+            "data parallelism sends the Ψ gradients; ZeroRedundancyOptimizer, ZeRO-2 and FSDP "
+            "also send the Ψ weights"
+        )
     for value, why in wrong:
         if why and abs(got - value) <= 1e-6 * max(1.0, value):
             return why
@@ -291,7 +581,7 @@ def check_bytes_sent_per_rank(fn: Callable) -> None:
         dict(n=8, psi=123_456, batch=32, seq_len=16, d_model=32, layers=6),
     ]
     for kw in shapes:
-        for strategy in ("ddp", "zero1", "fsdp", "tp", "pp"):
+        for strategy in STRATEGIES:
             want = reference.bytes_sent_per_rank(strategy, **kw)
             got = fn(strategy, **kw)
             if isinstance(got, int | float) and abs(got - want) <= 1e-6 * max(1.0, want):
@@ -304,7 +594,10 @@ def check_bytes_sent_per_rank(fn: Callable) -> None:
                 if isinstance(got, int | float)
                 else "return a number of bytes",
             )
-    passed("bytes_sent_per_rank: DDP, ZeRO-1, FSDP, tensor and pipeline parallelism on 3 shapes")
+    passed(
+        "bytes_sent_per_rank: DDP, ZeroRedundancyOptimizer, ZeRO-2, FSDP, tensor and pipeline "
+        "parallelism on 3 shapes"
+    )
 
 
 def ring_bytes_per_rank(counted: dict[str, int], n: int, p2p_total: int = 0) -> float:

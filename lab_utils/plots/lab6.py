@@ -48,11 +48,18 @@ def roofline(
     return ax
 
 
+# log2 of the largest magnitude a cast to fp16 rounds to zero: half of the smallest
+# subnormal 2⁻²⁴ (= 2⁻¹⁴ · 2⁻¹⁰), where round-to-nearest-even picks 0 over 2⁻²⁴.
+FP16_FLUSH_LOG2 = -25
+
+
 def gradient_magnitudes(
     grads: np.ndarray, *, scale: float, title: str = "", ax: plt.Axes | None = None
 ) -> plt.Axes:
-    """Histogram of log2|g| of the non-zero gradients, with fp16's smallest subnormal
-    (2⁻²⁴) and its largest value (65504) marked, before and after the loss scale."""
+    """Histogram of log2|g| of the non-zero gradients, before and after the loss scale,
+    with fp16's limits marked: a cast to fp16 rounds |g| ≤ 2⁻²⁵ (half the smallest
+    subnormal, 2⁻²⁴; the tie at 2⁻²⁵ goes to the even neighbour, 0) to zero, and
+    anything above its largest value (65504) to inf."""
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.5))
     g = np.abs(np.asarray(grads, dtype=np.float64))
@@ -60,11 +67,11 @@ def gradient_magnitudes(
     bins = np.arange(np.floor(np.log2(g.min())) - 1, np.ceil(np.log2(g.max() * scale)) + 2)
     ax.hist(np.log2(g), bins=bins, alpha=0.6, label="fp32 gradients")
     ax.hist(np.log2(g * scale), bins=bins, alpha=0.6, label=f"× scale 2^{np.log2(scale):.0f}")
-    ax.axvline(-24, color="tab:red", ls="--", lw=1)
+    ax.axvline(FP16_FLUSH_LOG2, color="tab:red", ls="--", lw=1)
     ax.axvline(np.log2(65504), color="tab:red", ls="--", lw=1)
     ax.annotate(
-        "fp16: below 2⁻²⁴ → 0",
-        (-24, 1),
+        "fp16: |g| ≤ 2⁻²⁵ → 0",
+        (FP16_FLUSH_LOG2, 1),
         textcoords="offset points",
         xytext=(-105, 4),
         fontsize=8,
@@ -112,13 +119,14 @@ def saved_bytes_bars(
     bars = ax.bar(names, mib, color="#4c72b0")
     for bar, n in zip(bars, names):
         ax.annotate(
-            f"{saved[n] / base:.0%}",
+            f"{saved[n] / base:.1%}",  # selective differs from none by under 1 %
             (bar.get_x() + bar.get_width() / 2, bar.get_height()),
             ha="center",
             va="bottom",
             fontsize=8,
         )
     ax.set_ylabel("MiB saved for backward")
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)  # policy names are long
     ax.set_title(title or "activations kept for backward, by recomputation policy", fontsize=10)
     return ax
 
@@ -191,45 +199,51 @@ def step_times(
 
 
 def alpha_beta(
-    sizes: Sequence[int],
+    sent: Sequence[float],
     seconds: Sequence[float],
     alpha: float,
     beta: float,
-    *,
-    ax: plt.Axes | None = None,
-) -> plt.Axes:
-    """Measured all-reduce times against the fitted t = α + β·bytes (log-log)."""
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6, 3.5))
-    s = np.asarray(sizes, float)
-    ax.loglog(s, np.asarray(seconds) * 1e6, "o", label="measured (median)")
-    grid = np.geomspace(s.min(), s.max(), 50)
+) -> plt.Figure:
+    """Measured all-reduce times against the fitted t = α + β·(bytes each rank sends)
+    (log-log), and below them the relative residuals measured / fitted − 1."""
+    fig, (ax, res) = plt.subplots(
+        2, 1, figsize=(6.5, 5), sharex=True, gridspec_kw={"height_ratios": [2, 1]}
+    )
+    x = np.asarray(sent, float)
+    t = np.asarray(seconds, float)
+    fitted = alpha + beta * x
+    ax.loglog(x, t * 1e6, "o", label="measured (median)")
+    grid = np.geomspace(x.min(), x.max(), 50)
     ax.loglog(
         grid,
         (alpha + beta * grid) * 1e6,
         "-",
-        label=f"α + β·bytes: α = {alpha * 1e6:.0f} µs, 1/β = {1 / max(beta, 1e-30) / 1e9:.2f} GB/s",
+        label=f"α + β·bytes: α = {alpha * 1e6:.0f} µs, "
+        + (f"1/β = {1 / beta / 1e9:.2f} GB/s" if beta > 0 else "β = 0"),
     )
-    ax.set_xlabel("bytes all-reduced")
-    ax.set_ylabel("µs")
+    ax.set_ylabel("µs per all-reduce")
     ax.legend(fontsize=8)
-    return ax
+    res.semilogx(x, (t / fitted - 1) * 100, "o-")
+    res.axhline(0, color="grey", lw=0.8)
+    res.set_ylabel("residual (%)")
+    res.set_xlabel("bytes each rank sends, 2(N−1)/N × bytes all-reduced")
+    fig.tight_layout()
+    return fig
 
 
 def bucket_choice(
     caps_kb: Sequence[float],
     measured_s: Sequence[float],
-    predicted_s: Sequence[float],
+    predicted: Mapping[str, Sequence[float]],
     *,
     ax: plt.Axes | None = None,
 ) -> plt.Axes:
-    """Measured median step time per bucket size beside the α–β replay's prediction."""
+    """Measured median step time per bucket size beside each replay's prediction."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(caps_kb, np.asarray(measured_s) * 1e3, "o-", label="measured step (median)")
-    ax.plot(
-        caps_kb, np.asarray(predicted_s) * 1e3, "s--", label="predicted: no-comm step + exposed"
-    )
+    for (name, values), marker in zip(predicted.items(), "s^dv", strict=False):
+        ax.plot(caps_kb, np.asarray(values) * 1e3, marker + "--", label=name)
     ax.set_xscale("log")
     ax.set_xlabel("bucket size (KiB)")
     ax.set_ylabel("ms per step")

@@ -47,10 +47,19 @@ def cnn_train_flops(
     return total + 6 * features * num_classes * batch
 
 
-def memory_bound(intensity: float, peak_flops: float, bandwidth: float) -> bool:
-    """An operation is memory-bound when its arithmetic intensity (FLOPs per byte) is
-    below the ridge point peak / bandwidth: memory cannot feed the arithmetic units."""
-    return intensity < peak_flops / bandwidth
+def matmul_roofline(
+    m: int, k: int, n: int, dtype: torch.dtype, peak: dict, bandwidth: float
+) -> tuple[float, bool]:
+    """``(intensity, memory_bound)`` of an (m×k)·(k×n) product in ``dtype`` on a machine
+    whose matmul peak in that dtype is ``peak[dtype]`` FLOP/s and whose memory moves
+    ``bandwidth`` bytes/s.
+
+    FLOPs: a multiply and an add per term, 2·m·k·n. Bytes: at least both inputs read
+    and the output written once, (m·k + k·n + m·n) elements of ``dtype.itemsize`` bytes.
+    Memory-bound when the intensity is below the ridge point of that dtype's roof,
+    peak[dtype] / bandwidth: the memory cannot feed the arithmetic units."""
+    intensity = 2 * m * k * n / (dtype.itemsize * (m * k + k * n + m * n))
+    return intensity, intensity < peak[dtype] / bandwidth
 
 
 def fp16_gradients(grads: torch.Tensor, scale: float) -> torch.Tensor:
@@ -76,20 +85,28 @@ def layer_activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int)
 
 
 # --------------------------------------------------------------------- 04–06
-def make_buckets(nbytes: list[int], cap: int) -> list[list[int]]:
-    """Parameter indices per gradient bucket, as DDP fills them: from the last parameter
-    to the first (backward produces the last layer's gradients first), a new bucket when
-    the next parameter would take the current one past ``cap`` bytes (a parameter larger
-    than ``cap`` alone in its bucket)."""
+def make_buckets(nbytes: list[int], ready: list[int], cap: int, first_cap: int) -> list[list[int]]:
+    """Parameter indices per gradient bucket, as DDP's reducer assigns them
+    (``torch.distributed._compute_bucket_assignment_by_size``; DDP rebuilds its buckets
+    with it after the first backward, in the order the gradients became ready).
+
+    ``nbytes[i]`` is parameter i's gradient bytes, ``ready`` the parameter indices in the
+    order their gradients became ready. Walk ``ready``, add each parameter to the open
+    bucket, and close the bucket as soon as its bytes have reached its limit (``>=``):
+    ``first_cap`` for the first bucket, ``cap`` for every later one. A bucket therefore
+    passes its limit by up to its last parameter; what is left at the end is the last
+    bucket."""
     buckets: list[list[int]] = []
+    open_bucket: list[int] = []
     size = 0
-    for i in reversed(range(len(nbytes))):
-        if buckets and size + nbytes[i] <= cap:
-            buckets[-1].append(i)
-            size += nbytes[i]
-        else:
-            buckets.append([i])
-            size = nbytes[i]
+    for i in ready:
+        open_bucket.append(i)
+        size += nbytes[i]
+        if size >= (cap if buckets else first_cap):
+            buckets.append(open_bucket)
+            open_bucket, size = [], 0
+    if open_bucket:
+        buckets.append(open_bucket)
     return buckets
 
 
@@ -108,18 +125,23 @@ def bytes_sent_per_rank(
     with bandwidth-optimal collectives: a ring all-reduce of S bytes sends 2(n−1)/n·S per
     rank, an all-gather, reduce-scatter or broadcast (n−1)/n·S.
 
-    ddp: the gradients all-reduced (S = Ψ values). zero1: the same all-reduce, then each
-    rank broadcasts its updated shard (S = Ψ in all). fsdp: the weights all-gathered in
-    forward and again in backward, the gradients reduce-scattered. tp (Megatron): per
-    block two all-reduces of a (batch, seq_len, d) activation forward and two of its
-    gradient backward. pp (n stages): across each of the n − 1 boundaries the
-    activation goes forward and its gradient comes back."""
+    ddp: the gradients all-reduced (S = Ψ values). zero1_torch, PyTorch's
+    ``ZeroRedundancyOptimizer`` beside DDP: the same all-reduce, then each rank broadcasts
+    the parameters it updated (S = Ψ in all): 3(n−1)/n·Ψ. zero2, ZeRO stage 2 (and 1) as
+    Rajbhandari et al. 2020 define it (§7.2.1): the gradients reduce-scattered, each rank
+    steps its shard, the updated parameters all-gathered: 2(n−1)/n·Ψ, as DDP. fsdp (ZeRO
+    stage 3, §7.2.2): the weights all-gathered in forward and again in backward, the
+    gradients reduce-scattered: 3(n−1)/n·Ψ. tp (Megatron): per block two all-reduces of a
+    (batch, seq_len, d) activation forward and two of its gradient backward. pp (n
+    stages): across each of the n − 1 boundaries the activation goes forward and its
+    gradient comes back."""
     grads = psi * value_bytes
     act = batch * seq_len * d_model * value_bytes
     ring = (n - 1) / n
     per_rank = {
         "ddp": 2 * ring * grads,
-        "zero1": 2 * ring * grads + ring * grads,
+        "zero1_torch": 2 * ring * grads + ring * grads,
+        "zero2": ring * grads + ring * grads,
         "fsdp": 3 * ring * grads,
         "tp": 2 * ring * 4 * layers * act,
         "pp": 2 * (n - 1) * act / n,

@@ -1,16 +1,26 @@
-"""Count the bytes one training step hands to communication, for five ways of splitting one model.
+"""Count the bytes one training step hands to communication, for six ways of splitting one model.
 
 The same character transformer, the same global batch, on N processes:
-DDP (gradients all-reduced), ZeRO-1 (+ the updated shards broadcast), FSDP (weights
-all-gathered in forward and again in backward, gradients reduce-scattered), tensor
-parallelism (Megatron's all-reduces of activations, counted from DTensor's collectives)
-and a 2-stage pipeline (activations and their gradients sent point to point). For each,
-one step after a warm-up is counted: the size of every collective's full tensor by
-kind, and every point-to-point send. Rank 0 emits the counts; the notebook turns them
-into bytes sent per rank and compares them with the student's prediction.
+- ddp: DistributedDataParallel, gradients all-reduced;
+- zero1_torch: PyTorch's ZeroRedundancyOptimizer beside DDP (Lab 4's wrapping): the same
+  all-reduce, then every rank broadcasts the parameters it updated
+  (torch/distributed/optim/zero_redundancy_optimizer.py in torch 2.13: ``step``, lines
+  1124–1153, calls ``_sync_params``, 813–826, which calls ``_broadcast_params_from_rank``,
+  760–811, for every rank);
+- zero2: ZeRO stage 2 as Rajbhandari et al. 2020 define it (§5.2; communication §7.2.1,
+  which stage 1 shares), written here with torch.distributed's collectives: the
+  gradients reduce-scattered, each rank's Adam steps its shard, the updated parameters
+  all-gathered (Gloo runs reduce-scatter and all-gather on CPU tensors in torch 2.13);
+- fsdp: FSDP2 (ZeRO stage 3), weights all-gathered in forward and again in backward,
+  gradients reduce-scattered;
+- tp: Megatron's all-reduces of activations, counted from DTensor's collectives;
+- pp: a pipeline, one stage per rank, activations and their gradients sent point to point.
+For each, one step after a warm-up is counted: the size of every collective's full
+tensor by kind, and every point-to-point send. Rank 0 emits the counts; the notebook
+turns them into bytes sent per rank and compares them with the student's prediction.
 
     torchrun --standalone --nproc-per-node 2 predicted_bytes.py
-    mpirun -np 2 python predicted_bytes.py --strategies ddp fsdp
+    mpirun -np 2 python predicted_bytes.py --strategies ddp zero2 fsdp
 """
 
 import argparse
@@ -37,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab4_model_paralle
 from sharded import wrap
 from tensor_parallel import comm_counts, tp_plan
 
-STRATEGIES = ("ddp", "zero1", "fsdp", "tp", "pp")
+STRATEGIES = ("ddp", "zero1_torch", "zero2", "fsdp", "tp", "pp")
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
 
@@ -100,6 +110,51 @@ def sends() -> Counter:
             setattr(dist, name, fn)
 
 
+class ZeRO2:
+    """ZeRO stage 2 (Rajbhandari et al. 2020, §5.2) on a model every rank holds whole.
+
+    [1] backward computes this rank's gradients (no communication during backward);
+    [2] ``reduce_scatter_single``: rank r receives the sum over ranks of the r-th 1/N of
+        the flat gradient — the only gradient it keeps (stage 2);
+    [3] Adam steps that shard alone, so each rank holds the optimizer state of 1/N of
+        the parameters (stage 1);
+    [4] ``all_gather_single``: every rank receives every updated shard.
+    A reduce-scatter and an all-gather of Ψ values each: 2(N−1)/N·Ψ sent per rank, the
+    bytes of DDP's all-reduce (§7.2.1). The flat vector is padded to a multiple of N."""
+
+    def __init__(self, model: torch.nn.Module, lr: float) -> None:
+        self.params = [q for q in model.parameters() if q.requires_grad]
+        self.n, rank = dist.get_world_size(), dist.get_rank()
+        self.total = sum(q.numel() for q in self.params)
+        self.padded = -(-self.total // self.n) * self.n
+        flat = self._flat([q.detach() for q in self.params])
+        self.shard = torch.nn.Parameter(flat.view(self.n, -1)[rank].clone())
+        self.opt = torch.optim.Adam([self.shard], lr=lr)
+
+    def _flat(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        flat = torch.zeros(self.padded, device=tensors[0].device, dtype=tensors[0].dtype)
+        flat[: self.total] = torch.cat([t.reshape(-1) for t in tensors])
+        return flat
+
+    def zero_grad(self) -> None:
+        for q in self.params:
+            q.grad = None
+
+    def step(self) -> None:
+        grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
+        mine = torch.empty_like(self.shard)
+        dist.reduce_scatter_single(mine, self._flat(grads))  # [2] sum of my shard
+        self.shard.grad = mine / self.n  # the average, as DDP's
+        self.opt.step()  # [3]
+        full = torch.empty(self.padded, device=mine.device, dtype=mine.dtype)
+        dist.all_gather_single(full, self.shard.detach())  # [4]
+        offset = 0
+        with torch.no_grad():
+            for q in self.params:
+                q.copy_(full[offset : offset + q.numel()].view_as(q))
+                offset += q.numel()
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
@@ -110,10 +165,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device) -> dict:
-    """DDP, ZeRO-1 or FSDP (Lab 4's wrap): each rank its share of the batch."""
+    """DDP, ZeroRedundancyOptimizer or FSDP (Lab 4's wrap), or ZeRO-2 (above): each rank
+    its share of the batch. For ZeRO-2 also how far its weights are from one process
+    training the whole model on the whole batches with Adam (the yardstick)."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mine = slice(rank * args.batch_size // world_size, (rank + 1) * args.batch_size // world_size)
-    model, opt = wrap(strategy, parallel.build_model(args).to(device), args, device)
+    if strategy == "zero2":
+        model = parallel.build_model(args).to(device)
+        opt = ZeRO2(model, args.lr)
+    else:
+        lab4_name = {"zero1_torch": "zero1"}.get(strategy, strategy)
+        model, opt = wrap(lab4_name, parallel.build_model(args).to(device), args, device)
     counted: dict = {}
     for i, (x, y) in enumerate(batches):
         with traffic.count() as seen:
@@ -122,7 +184,18 @@ def data_parallel_step(strategy: str, args: argparse.Namespace, batches, device)
             opt.step()
         if i == len(batches) - 1:  # the last step; the first also set things up
             counted = dict(seen)
-    return {"bytes": counted, "calls": {}}
+    out = {"bytes": counted, "calls": {}}
+    if strategy == "zero2":
+        alone = parallel.build_model(args).to(device)
+        adam = torch.optim.Adam(alone.parameters(), lr=args.lr)
+        for x, y in batches:
+            adam.zero_grad()
+            parallel.lm_loss(alone(x), y).backward()
+            adam.step()
+        out["weight_rel_err"] = parallel.relative_error(
+            dict(model.named_parameters()), dict(alone.named_parameters())
+        )
+    return out
 
 
 def tensor_parallel_step(args: argparse.Namespace, batches, device) -> dict:
