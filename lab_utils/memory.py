@@ -3,6 +3,7 @@
 
     state_bytes(model, optimizer)   -> {"params": ..., "grads": ..., "optimizer": ...}
     activation_bytes(lambda: model(x).sum())  -> bytes autograd saved for backward
+                                                 (lab_utils.saved_bytes: each storage once)
     zero_bytes_per_rank(psi, n, stage, k=8)   -> the formula for one rank
 """
 
@@ -12,6 +13,8 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
+
+from lab_utils.saved_bytes import SavedBytes, saved_bytes
 
 # Bytes of optimizer state per parameter in fp32 training.
 OPTIMIZER_STATE_BYTES = {"sgd": 0, "momentum": 4, "adam": 8}
@@ -55,35 +58,19 @@ def state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer | None = None
     }
 
 
-class SavedTensorCounter:
-    """Bytes autograd saves for backward inside ``with counter.hooks():``; each
-    stored tensor counted once, and tensors that are the ``exclude`` parameters
-    themselves (a matmul saves its weight) not at all: those are not activations."""
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()) -> None:
-        self.skip = {t.untyped_storage().data_ptr() for t in exclude}
-        self.seen: set = set()
-        self.bytes = 0
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        ptr = t.untyped_storage().data_ptr()
-        key = (ptr, t.storage_offset(), tuple(t.shape))
-        if ptr not in self.skip and key not in self.seen:
-            self.seen.add(key)
-            self.bytes += t.numel() * t.element_size()
-        return t
-
-    def hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
-        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+class SavedTensorCounter(SavedBytes):
+    """Bytes autograd saves for backward inside ``with counter.hooks():`` — the one
+    meter, :class:`lab_utils.saved_bytes.SavedBytes`: each storage counted once with its
+    full size (views of one storage, such as the attention output and the projection's
+    input, share it), and the storages of the ``exclude`` parameters (a matmul saves its
+    weight) not at all: those are not activations."""
 
 
-def activation_bytes(fn: Callable[[], torch.Tensor], exclude: Iterable[torch.Tensor] = ()) -> int:
+def activation_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:
     """Bytes of the activations autograd saves for backward while ``fn`` runs
-    (pass ``model.parameters()`` as ``exclude`` so saved weights do not count)."""
-    counter = SavedTensorCounter(exclude)
-    with counter.hooks():
-        fn()
-    return counter.bytes
+    (pass ``model.parameters()`` as ``exclude`` so saved weights do not count):
+    :func:`lab_utils.saved_bytes.saved_bytes`, each storage once."""
+    return saved_bytes(fn, exclude)
 
 
 def zero_bytes_per_rank(

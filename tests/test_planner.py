@@ -1,7 +1,14 @@
 """lab_utils.planner against measurement: parameter counts, one process's state and saved
 activations (exact), FSDP2's padded shards on 4 ranks and a (2 × 2) FSDP × tensor-parallel
 mesh measured from the real wrappers on a fake process group (exact; the unpadded ZeRO
-formula fails the same check), the expert-parallel state, the widget headless, GPT-3."""
+formula fails the same check), the embedding and head split by vocabulary (torch's
+Rowwise/ColwiseParallel), the expert-parallel state, the widget headless, GPT-3.
+
+Activations, each against the one meter (lab_utils.saved_bytes.SavedBytes): a pipeline
+stage with several micro-batches in flight, with and without torch.utils.checkpoint on
+every block (the peak during the backward: one block recomputed at a time); tensor
+parallelism alone and with torch's SequenceParallel at 2 and 4 ranks, through the plan
+that Lab 4.7's script runs (Megatron's form is shown not to be what torch does)."""
 
 import json
 import subprocess
@@ -11,10 +18,12 @@ import textwrap
 import pytest
 import torch
 from conftest import REPO
+from torch.utils.checkpoint import checkpoint
 
-from lab_utils import memory, models, moe, parallel, planner, text
+from lab_utils import memory, models, moe, parallel, planner, saved_bytes, text
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
+from lab_utils.solutions import lab4 as reference
 
 
 def config(d=36, layers=2, seq=20, **kw):
@@ -57,7 +66,8 @@ def test_activation_bytes_are_exact(b, seq, d, layers):
     cfg = config(d, layers, seq)
     model = char_model(cfg)
     x = torch.randint(0, cfg.vocab, (b, seq))
-    saved = memory.activation_bytes(lambda: parallel.lm_loss(model(x), x), model.parameters())
+    y = torch.randint(0, cfg.vocab, (b, seq))  # targets of their own, as in training
+    saved = memory.activation_bytes(lambda: parallel.lm_loss(model(x), y), model.parameters())
     assert planner.plan(cfg, planner.Layout(), batch=b).activations == saved
 
 
@@ -104,6 +114,20 @@ FAKE = textwrap.dedent("""
     out = {"fsdp4": measured(build(20), init_device_mesh("cpu", (4,)))}
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     out["dp2tp2"] = measured(parallelize_module(build(36), mesh["tp"], tp_plan(2)), mesh["dp"])
+    # Megatron-LM's vocabulary split, as torch expresses it: the token embedding by rows
+    # (RowwiseParallel on an nn.Embedding shards its weight Shard(0)), the head by columns
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    vocab_plan = {
+        **tp_plan(2),
+        "layers.0.tok": RowwiseParallel(input_layouts=Replicate()),
+        "layers.3.out": ColwiseParallel(output_layouts=Replicate()),
+    }
+    model = parallelize_module(build(36), init_device_mesh("cpu", (4,)), vocab_plan)
+    opt = torch.optim.Adam(model.parameters(), foreach=False)
+    model(torch.randint(0, text.VOCAB, (2, 18))).sum().backward()
+    opt.step()
+    out["tp4vocab"] = memory.state_bytes(model, opt)
     print(json.dumps(out))
 """)
 
@@ -155,11 +179,170 @@ def test_the_unpadded_formula_fails_the_same_check(fake_measured):
         )
 
 
+def test_vocabulary_split_embedding_and_head_are_exact(fake_measured):
+    """4 tensor ranks with the embedding and head split by vocabulary: the parameters and
+    Adam's state exact with ``vocab_parallel=True``; the default (both whole on every
+    rank) fails the same check. The planner splits the gradients as Megatron-LM does;
+    torch's DTensor (this version) hands the split token embedding a whole, Replicate()
+    gradient, which the measurement shows: the one difference."""
+    cfg = config(36, 2, 18)
+    measured = fake_measured["tp4vocab"]
+    split = planner.plan(cfg, planner.Layout(tp=4, vocab_parallel=True), batch=4)
+    state = [r for r in rows(split, measured) if r["what"] != "grads"]
+    assert checks.check_predictions(state) == 0.0
+    whole_token_grad = 4 * (cfg.vocab - cfg.vocab // 4) * cfg.d_model  # fp32, 3/4 more
+    assert measured["grads"] == split.grads + whole_token_grad
+    whole = planner.plan(cfg, planner.Layout(tp=4), batch=4)
+    with pytest.raises(CheckFailed):
+        checks.check_predictions([r for r in rows(whole, measured) if r["what"] != "grads"])
+
+
+# ------------------------------------------------------------------ activations in flight
+def stage_peak(cfg, lay, stage, b, recompute):
+    """The most bytes one pipeline stage holds for backward: the forward of as many
+    micro-batches as 1F1B keeps in flight, their graphs alive, then their backwards.
+    ``checkpoint(use_reentrant=True)`` recomputes through the meter's hooks."""
+    model = char_model(cfg)
+    blocks = [model.layers[i] for i in model.stage_layers(stage, lay.pp)]
+    assert all(isinstance(blk, models.Block) for blk in blocks)  # a middle stage
+    in_flight = min(lay.pp - stage, lay.microbatches)
+    params = [q for blk in blocks for q in blk.parameters()]
+    with saved_bytes.SavedBytes(exclude=params) as meter:
+        outs = []
+        for _ in range(in_flight):
+            x = torch.randn(b, cfg.seq_len, cfg.d_model, requires_grad=True)  # received
+            for blk in blocks:
+                x = checkpoint(blk, x, use_reentrant=True) if recompute else blk(x)
+            outs.append(x)
+        after_forward = meter.live
+        for out in outs:
+            out.sum().backward()
+        del outs, out, x
+    assert meter.live == 0  # every saved tensor was released by its backward
+    return after_forward, meter.peak
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_pipeline_stage_in_flight_with_and_without_recomputation(recompute):
+    """Stage 1 of 5 (2 blocks) keeps 4 micro-batches in flight. Without recomputation the
+    peak is 4 × what a micro-batch saves; with full recomputation 4 × the blocks' inputs
+    plus ONE block's working set (the old formula, 4 × (inputs + working set), fails)."""
+    cfg = config(32, 10, 16)
+    b, stage = 2, 1
+    lay = planner.Layout(pp=5, microbatches=8, recompute=recompute)
+    after_forward, peak = stage_peak(cfg, lay, stage, b, recompute == "full")
+    assert peak == planner.activation_bytes(cfg, lay, b, stage)
+    blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
+    kept = 4 * (blocks * planner.block_input_values(cfg, lay, b) if recompute == "full" else 0)
+    if recompute == "full":
+        assert after_forward == 4 * kept  # 4 micro-batches × their blocks' inputs, fp32
+        assert peak > after_forward  # the recomputed block's working set, during backward
+
+
+# --------------------------------------------------------- tensor and sequence parallelism
+FAKE_SP = textwrap.dedent("""
+    import json, sys, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import parallelize_module
+    from lab_utils import models
+    from lab_utils.source import load_script
+    script = load_script("labs/lab4_model_parallel/scripts/context_parallel.py")
+    n, b, s, d, heads = (int(a) for a in sys.argv[1:])
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=n)
+    mesh = init_device_mesh("cpu", (n,))
+    out = {}
+    for sp in (False, True):  # Lab 4.7's plans: TP alone, then SequenceParallel on the norms
+        block = parallelize_module(models.Block(d, heads), mesh, script.tp_plan(sp))
+        x = torch.randn(b, s // n if sp else s, d, requires_grad=True)
+        with script.block_saved(block) as meter:  # the script's meter: local shards
+            block(x)
+        out["torch" if sp else "none"] = meter.bytes
+    # full recomputation under SequenceParallel: kept after the forward, peak in backward
+    from torch.utils.checkpoint import checkpoint
+    from lab_utils import saved_bytes
+    with saved_bytes.SavedBytes(block.parameters()) as meter:  # a DTensor: its local shard
+        y = checkpoint(block, x, use_reentrant=True)
+        out["torch_full_kept"] = meter.live
+        y.sum().backward()
+    out["torch_full_peak"] = meter.peak
+    print(json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module", params=[2, 4])
+def sp_measured(request):
+    """Rank 0 of a fake n-rank group runs Lab 4.7's tensor- and sequence-parallel block:
+    the real DTensor layouts allocate and save the real shards (values are not moved)."""
+    n, b, s, d, heads = request.param, 2, 16, 32, 4
+    done = subprocess.run(
+        [sys.executable, "-c", FAKE_SP, *map(str, (n, b, s, d, heads))],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    cfg = planner.Config(vocab=text.VOCAB, d_model=d, n_layers=1, n_heads=heads, seq_len=s)
+    return n, b, cfg, json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_tensor_and_torch_sequence_parallel_activations_are_exact(sp_measured):
+    n, b, cfg, measured = sp_measured
+    for form in ("none", "torch"):
+        lay = planner.Layout(tp=n, sequence_parallel=form)
+        assert 4 * planner.block_activation_values(cfg, lay, b) == measured[form], form
+
+
+def test_full_recomputation_under_sequence_parallelism_keeps_the_split_input(sp_measured):
+    """A checkpointed block keeps its input, split by the tp ranks under sequence
+    parallelism; its backward recomputes what the block saves."""
+    n, b, cfg, measured = sp_measured
+    lay = planner.Layout(tp=n, sequence_parallel="torch", recompute="full")
+    assert measured["torch_full_kept"] == 4 * planner.block_input_values(cfg, lay, b)
+    assert measured["torch_full_peak"] == 4 * planner.block_activation_values(cfg, lay, b)
+
+
+def test_megatron_sequence_parallel_is_not_what_torch_keeps(sp_measured):
+    """torch keeps the all-gathered inputs of q/k/v and fc1 whole on every rank; Megatron
+    (Korthikanti et al. 2022, §4.2.2) keeps them split, so it plans less than torch saves."""
+    n, b, cfg, measured = sp_measured
+    megatron = 4 * planner.block_activation_values(
+        cfg, planner.Layout(tp=n, sequence_parallel="megatron"), b
+    )
+    assert megatron < measured["torch"]
+    whole_norm_outputs = 4 * 2 * b * cfg.seq_len * cfg.d_model  # 2·bsh, fp32
+    assert measured["torch"] - megatron == whole_norm_outputs * (1 - 1 / n)
+
+
 def test_the_widget_renders_headless():
     panel, update = planner.widget(config(), batch=4)
     assert "per rank: parameters" in update()
     panel.children[0].children[0].value = 3  # dp = 3 does not split a batch of 4
     assert "not a valid layout" in update()
+
+
+def test_gpt3_recomputation_counts_one_working_set():
+    """GPT-3 175B, dp 8 × tp 8 × pp 16, ZeRO-1, bf16, 64 micro-batches of 3 sequences:
+    the first stage keeps 16 in flight of 6 blocks' inputs (bsh each), and one block's
+    working set once. The old count (16 working sets) planned 39.1 GB and 30.6 GB."""
+    base = dict(dp=8, tp=8, pp=16, zero=1, precision="bf16", recompute="full", microbatches=64)
+    bs = 3 * 2048
+    bsh = bs * 12288
+    # working set: a block's saved values less its input; the 96 heads' log-sum-exp split by 8
+    for sp, kept, work in (
+        ("none", bsh, 4.5 * bsh + 16 * bs),  # norms 4bsh + 4bs, the rest (12bsh + 96bs)/8
+        ("megatron", bsh / 8, (15 * bsh + 100 * bs) / 8),  # all of it split by 8
+    ):
+        lay = planner.Layout(**base, sequence_parallel=sp)
+        ids = 16 * (8 * 3 * 2048 + 8 * 2048)  # int64 ids and positions, per micro-batch
+        want = 2 * (16 * 6 * kept + work) + ids
+        assert planner.activation_bytes(planner.GPT3, lay, 3, stage=0) == pytest.approx(want)
+    full = planner.plan(planner.GPT3, planner.Layout(**base), batch=1536)
+    sp = planner.plan(planner.GPT3, planner.Layout(**base, sequence_parallel="megatron"), 1536)
+    assert 25e9 < full.total < 27e9 and 12e9 < sp.total < 14e9
 
 
 def test_gpt3_layout_fits_and_training_time():
@@ -173,3 +356,72 @@ def test_gpt3_layout_fits_and_training_time():
     )
     with pytest.raises(ValueError):
         planner.plan(planner.GPT3, planner.Layout(tp=5), batch=8)
+
+
+# ----------------------------------------------------------------- exercise (notebook 10)
+def test_stage_activation_reference_passes_and_is_the_planners_term():
+    assert checks.check_stage_activation_bytes(reference.stage_activation_bytes) == 0.0
+    middle = [c for c in checks._activation_cases() if 0 < c[4] < c[2].pp - 1]
+    assert middle  # a stage with neither the embedding nor the head: only blocks
+    for _, cfg, lay, b, stage in middle:
+        assert reference.stage_activation_bytes(cfg, lay, b, stage) == planner.activation_bytes(
+            cfg, lay, b, stage, loss=False
+        )
+
+
+def _wrong(in_flight=None, recompute=True, per_mb_working=False, with_input=False, act=True):
+    def fn(cfg, lay, b, stage):
+        nbytes = planner.PRECISIONS[lay.precision][0] if act else 1
+        blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
+        per_block = planner.block_activation_values(cfg, lay, b)
+        kept = planner.block_input_values(cfg, lay, b)
+        k = (in_flight or (lambda lay, s: min(lay.pp - s, lay.microbatches)))(lay, stage)
+        if lay.recompute != "full" or not recompute:
+            return nbytes * k * blocks * per_block
+        working = per_block if with_input else per_block - kept
+        if per_mb_working:
+            return nbytes * k * (blocks * kept + working)
+        return nbytes * (k * blocks * kept + working)
+
+    return fn
+
+
+@pytest.mark.parametrize(
+    "fn, hint",
+    [
+        (_wrong(per_mb_working=True), "once, not per micro-batch"),
+        (_wrong(with_input=True), "already kept"),
+        (_wrong(recompute=False), "keeps only its input"),
+        (_wrong(in_flight=lambda lay, s: lay.microbatches), "GPipe"),
+        (_wrong(in_flight=lambda lay, s: lay.pp - s), "fewer micro-batches"),
+        (_wrong(in_flight=lambda lay, s: min(lay.pp, lay.microbatches)), "pp − stage"),
+        (_wrong(act=False), "values are not bytes"),
+    ],
+    ids=[
+        "working set per micro-batch",
+        "working set with its input",
+        "recomputation ignored",
+        "every micro-batch in flight",
+        "no min with the micro-batches",
+        "pp in flight on every stage",
+        "values, not bytes",
+    ],
+)
+def test_stage_activation_check_names_the_mistake(fn, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        checks.check_stage_activation_bytes(fn)
+
+
+def test_zero1_wire_names_whose_zero1():
+    """ZeroRedundancyOptimizer (the default, what Lab 4.4 measures exactly in notebook 10):
+    all-reduce + broadcast, 3Ψ on a ring; the ZeRO paper's stage 1 (§7.2.1): reduce-scatter
+    + all-gather, 2Ψ, the same collectives and bytes as its stage 2."""
+    cfg = config(32, 2, 16)
+    psi = planner.count_params(cfg)
+    torch_zero1 = planner.wire_bytes(cfg, planner.Layout(dp=4, zero=1), 2)
+    paper = planner.wire_bytes(cfg, planner.Layout(dp=4, zero=1, zero1_comm="paper"), 2)
+    assert torch_zero1 == {"all_reduce": 4 * psi, "broadcast": 4 * psi}
+    assert paper == {"reduce_scatter": 4 * psi, "all_gather": 4 * psi}
+    assert paper == planner.wire_bytes(cfg, planner.Layout(dp=4, zero=2), 2)
+    with pytest.raises(ValueError):
+        planner.plan(cfg, planner.Layout(dp=4, zero=1, zero1_comm="zero"), batch=4)
