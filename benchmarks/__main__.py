@@ -1,4 +1,4 @@
-"""Command line: ``python -m benchmarks [--quick] [--only NAME ...] [--json PATH]``.
+"""Command line: ``python -m benchmarks [--quick] [--only NAME ...] [--json PATH] [--readme]``.
 
 Exit status: 0 when every selected benchmark ran or was skipped (a missed target is a
 finding, not a failure), 1 when one of them crashed, 2 for bad arguments.
@@ -17,9 +17,12 @@ import torch
 
 from . import BENCHMARKS, module
 from .common import Report, Settings, Skip, load_average, machine, utc_now
-from .table import read_json, text, update_readme, write_json
+from .table import read_json, replace_block, text, update_readme, write_json
 
 README = Path(__file__).resolve().parent / "README.md"
+# What --readme recorded: one results file per benchmark (as --json writes them), the
+# source of its part of README's table and of the figures other READMEs quote.
+RECORDED = Path(__file__).resolve().parent / "recorded"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -49,8 +52,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--readme",
         action="store_true",
-        help=f"write the table into {README.relative_to(README.parent.parent)} "
-        "(a full run of every benchmark, live or from --from-json)",
+        help=f"write the table into {README.relative_to(README.parent.parent)}, the "
+        "results into benchmarks/recorded/NAME.json and the figures other READMEs quote "
+        "(every benchmark; with --only, or --from-json of some, only their parts)",
     )
     p.add_argument(
         "--from-json",
@@ -63,8 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats is not None and args.repeats < 1:
         p.error("--repeats must be >= 1")
-    if args.readme and (args.quick or args.only):
-        p.error("--readme records a full run: drop --quick and --only")
+    if args.readme and args.quick:
+        p.error("--readme records full runs: drop --quick")
     if args.from_json and (args.quick or args.only or args.repeats or args.json):
         p.error("--from-json runs nothing: it takes no --quick, --only, --repeats or --json")
     return args
@@ -113,12 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.from_json:
         info, reports, quick = saved_results(args.from_json)
-        missing = [n for n in BENCHMARKS if n not in {r.name for r in reports}]
-        if args.readme and (quick or missing):
-            raise SystemExit(
-                "--readme needs full (not --quick) results of every benchmark; "
-                f"missing: {', '.join(missing) or 'none'}"
-            )
+        if args.readme and quick:
+            raise SystemExit("--readme needs full (not --quick) results")
     else:
         quick = args.quick
         settings = Settings(quick=quick, repeats=args.repeats)
@@ -129,13 +129,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in names:
             print(f"-- {name}: {module(name).TITLE} ...", file=sys.stderr, flush=True)
             reports.append(run_one(name, settings))
+            reports[-1].details["commit"] = info["commit"]
         info["load_average_end"] = load_average()
     print(text(info, reports, quick), flush=True)
     if args.json:
         print(f"wrote {write_json(args.json, info, reports, quick)}")
     if args.readme:
-        print(f"updated {update_readme(README, info, reports, quick)}")
+        for path in record(info, reports):
+            print(f"updated {path}")
     return 1 if any(r.error for r in reports) else 0
+
+
+def record(info: dict, reports: Sequence[Report]) -> list[Path]:
+    """``--readme``: the table (whole, or the parts of these benchmarks), one results file
+    per benchmark, and the figures a benchmark writes elsewhere (``figures``, a block
+    between ``FIGURES_START`` and ``FIGURES_END`` in ``FIGURES_IN``) from a run that worked."""
+    partial = {r.name for r in reports} != set(BENCHMARKS)
+    paths = [update_readme(README, info, reports, False, partial=partial)]
+    for r in reports:
+        paths.append(write_json(RECORDED / f"{r.name}.json", info, [r], False))
+        mod = module(r.name)
+        if hasattr(mod, "figures") and not (r.error or r.skipped):
+            body = mod.figures(info, r)
+            paths.append(replace_block(mod.FIGURES_IN, mod.FIGURES_START, mod.FIGURES_END, body))
+    return paths
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,11 +25,13 @@ def _conditions(machine: dict[str, Any]) -> str:
 
 
 def _measured(report: Report) -> str:
-    """When one benchmark ran and how busy the machine was meanwhile."""
+    """When (and at which commit) one benchmark ran and how busy the machine was meanwhile."""
     load = report.details.get("load_average") or {}
     parts = []
     if report.details.get("date"):
         parts.append(f"measured {report.details['date']}")
+    if report.details.get("commit"):  # a section re-measured alone says its own commit
+        parts.append(f"commit `{report.details['commit']}`")
     if load.get("start") and load.get("end"):
         parts.append(f"load average {load['start'][0]:g} → {load['end'][0]:g}")
     parts.append(f"{report.seconds:.0f} s")
@@ -84,19 +87,27 @@ def markdown(machine: dict[str, Any], reports: Sequence[Report], quick: bool) ->
         f"- **Conditions:** {_conditions(machine) or 'unknown'}",
     ]
     for i, r in enumerate(reports, 1):
-        out += ["", f"### {i}. {r.title}", ""]
-        if _status(r):
-            out += [f"*{_md_cell(_status(r))}*", ""]
-        if r.rows:
-            out += ["| measurement | value | target | | note |", "| --- | ---: | --- | --- | --- |"]
-            for row in r.rows:
-                status = {"met": "✔", "MISSED": "✘ missed"}.get(row.status, "")
-                out.append(
-                    f"| {_md_cell(row.metric)} | {row.formatted_value()} | "
-                    f"{_md_cell(row.target)} | {status} | {_md_cell(row.note)} |"
-                )
-        out += [""] + [f"- {note}" for note in r.notes] + [f"- {_measured(r)}"]
+        out += ["", *section(i, r)]
     return "\n".join(out)
+
+
+def section(number: int, report: Report, machine_note: str = "") -> list[str]:
+    """One benchmark's part of :func:`markdown`: heading, table, notes, when measured."""
+    out = [f"### {number}. {report.title}", ""]
+    if _status(report):
+        out += [f"*{_md_cell(_status(report))}*", ""]
+    if report.rows:
+        out += ["| measurement | value | target | | note |", "| --- | ---: | --- | --- | --- |"]
+        for row in report.rows:
+            status = {"met": "✔", "MISSED": "✘ missed"}.get(row.status, "")
+            out.append(
+                f"| {_md_cell(row.metric)} | {row.formatted_value()} | "
+                f"{_md_cell(row.target)} | {status} | {_md_cell(row.note)} |"
+            )
+    out += [""] + [f"- {note}" for note in report.notes]
+    if machine_note:
+        out.append(f"- {machine_note}")
+    return [*out, f"- {_measured(report)}"]
 
 
 def read_json(path: str | Path) -> tuple[dict[str, Any], list[Report], bool]:
@@ -119,16 +130,59 @@ def write_json(
     return path
 
 
-def update_readme(
-    path: str | Path, machine: dict[str, Any], reports: Sequence[Report], quick: bool
-) -> Path:
-    """Replace the results section of ``path`` (between the two markers) with these."""
+def between(text: str, start: str, end: str) -> tuple[str, str, str]:
+    """``text`` cut at the markers: what precedes ``start``, what lies between, what
+    follows ``end`` (the markers themselves dropped)."""
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"need one {start} ... {end} section to replace")
+    head, rest = text.split(start, 1)
+    body, tail = rest.split(end, 1)
+    return head, body, tail
+
+
+def replace_block(path: str | Path, start: str, end: str, body: str) -> Path:
+    """Replace what lies between the markers ``start`` and ``end`` in ``path``."""
     path = Path(path)
-    current = path.read_text(encoding="utf-8")
-    if README_START not in current or README_END not in current:
-        raise ValueError(f"{path} has no {README_START} ... {README_END} section to replace")
-    head, rest = current.split(README_START, 1)
-    _, tail = rest.split(README_END, 1)
-    body = markdown(machine, reports, quick)
-    path.write_text(f"{head}{README_START}\n{body}\n{README_END}{tail}", encoding="utf-8")
+    try:
+        head, _, tail = between(path.read_text(encoding="utf-8"), start, end)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    path.write_text(f"{head}{start}\n{body}\n{end}{tail}", encoding="utf-8")
+    return path
+
+
+def update_readme(
+    path: str | Path,
+    machine: dict[str, Any],
+    reports: Sequence[Report],
+    quick: bool,
+    *,
+    partial: bool = False,
+) -> Path:
+    """Replace the results section of ``path`` (between the two markers) with these.
+
+    ``partial``: the reports are some benchmarks only (``--only``); each replaces its
+    own ``### N. title`` part of the table and the rest stays as it was. A part
+    measured on another machine than the table's header names says so.
+    """
+    if not partial:
+        return replace_block(path, README_START, README_END, markdown(machine, reports, quick))
+    path = Path(path)
+    head, body, tail = between(path.read_text(encoding="utf-8"), README_START, README_END)
+    header = re.search(r"^- \*\*Machine:\*\* (.*)$", body, re.MULTILINE)
+    note = "" if header and header[1] == describe(machine) else f"Machine: {describe(machine)}"
+    for report in reports:
+        heading = re.compile(rf"^### (\d+)\. {re.escape(report.title)}\n", re.MULTILINE)
+        found = heading.search(body)
+        if found is None:
+            raise ValueError(
+                f"{path} has no part '### N. {report.title}' to replace: "
+                "record a full run (python -m benchmarks --readme) first"
+            )
+        following = re.compile(r"^### ", re.MULTILINE).search(body, found.end())
+        stop = following.start() if following else len(body)
+        new = "\n".join(section(int(found[1]), report, note))
+        gap = "\n\n" if following else "\n"  # a blank line before the next part
+        body = f"{body[: found.start()]}{new}{gap}{body[stop:]}"
+    path.write_text(f"{head}{README_START}{body}{README_END}{tail}", encoding="utf-8")
     return path

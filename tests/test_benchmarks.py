@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -18,7 +20,8 @@ from conftest import REPO
 if str(REPO) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.insert(0, str(REPO))
 
-from benchmarks import BENCHMARKS, grading, module, notebooks
+import benchmarks.__main__ as bench_main
+from benchmarks import BENCHMARKS, grading, module, notebooks, time_to_accuracy
 from benchmarks.__main__ import main, parse_args
 from benchmarks.common import Report, Row, Settings, alternate, median, paired_ratios
 from benchmarks.notebooks import discover
@@ -26,11 +29,13 @@ from benchmarks.table import (
     README_END,
     README_START,
     markdown,
+    read_json,
+    replace_block,
     text,
     update_readme,
     write_json,
 )
-from benchmarks.time_to_accuracy import first_time_reaching
+from benchmarks.time_to_accuracy import figures, first_time_reaching, per_epoch
 
 
 def test_alternate_reverses_order_each_round_and_drops_warmup():
@@ -217,13 +222,13 @@ def test_command_line_rejects_bad_arguments(capsys):
         ["--only", "nope"],
         ["--repeats", "0"],
         ["--readme", "--quick"],
-        ["--readme", "--only", "loader"],
         ["--from-json", "a.json", "--quick"],
     ):
         with pytest.raises(SystemExit) as exc:
             parse_args(argv)
         assert exc.value.code == 2
     assert parse_args(["--only", "loader", "--only", "ddp"]).only == ["loader", "ddp"]
+    assert parse_args(["--only", "accuracy", "--readme"]).readme  # records that part only
     with pytest.raises(ValueError, match="unknown benchmark"):
         module("nope")
 
@@ -238,14 +243,118 @@ def test_results_saved_as_json_can_be_shown_and_combined(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "0.7 %" in out and "1.2 %" not in out  # the later file wins
     assert "skipped: no Horovod" in out
-    with pytest.raises(SystemExit, match="missing: loader"):  # README needs every benchmark
-        main(["--from-json", str(first), "--readme"])
     write_json(second, {**MACHINE, "cpu": "Other CPU"}, [redone], quick=False)
     with pytest.raises(SystemExit, match="another machine"):
         main(["--from-json", str(first), str(second)])
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(SystemExit, match="not a results file"):
         main(["--from-json", str(tmp_path / "bad.json")])
+
+
+def test_readme_parts_of_some_benchmarks_replace_only_their_own(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        f"intro\n{README_START}\n{markdown(MACHINE, _reports(), False)}\n{README_END}\n"
+    )
+    before = readme.read_text()
+    redone = Report("ddp", "DDP")
+    redone.add("speed-up", 1.8, "x", note="re-measured")
+    redone.details.update(date="2030-01-02 00:00 UTC", commit="def")
+    update_readme(readme, MACHINE, [redone], quick=False, partial=True)
+    after = readme.read_text()
+    old_parts, new_parts = before.split("\n### "), after.split("\n### ")
+    assert new_parts[2] == (
+        "2. DDP\n\n| measurement | value | target | | note |\n| --- | ---: | --- | --- | --- |\n"
+        "| speed-up | 1.8 x |  |  | re-measured |\n\n- measured 2030-01-02 00:00 UTC, "
+        "commit `def`, 0 s\n"
+    )  # numbered as before, its own date and commit, no machine line (the header's)
+    assert new_parts[:2] + new_parts[3:] == old_parts[:2] + old_parts[3:]  # the rest as it was
+    elsewhere = {**MACHINE, "cpu": "Other CPU"}
+    update_readme(readme, elsewhere, [redone], quick=False, partial=True)
+    assert "- Machine: Other CPU (2 cores" in readme.read_text()  # said where it differs
+    with pytest.raises(ValueError, match="no part"):
+        update_readme(readme, MACHINE, [Report("new", "New")], quick=False, partial=True)
+
+
+def _accuracy_report(accs: list[list[float]]) -> Report:
+    """A run of the accuracy benchmark whose seed k had test accuracies accs[k] by epoch."""
+    runs = [
+        {
+            "seed": seed,
+            "args": ["--seed", str(seed), "--checkpoint", ""],
+            "setup": "profile=cpu threads=2 | fmnist_cnn | batch 128x1 lr 0.05",
+            "epochs": [{"val_acc": a, "time": 10.0 * (k + 1) + seed} for k, a in enumerate(row)],
+        }
+        for seed, row in enumerate(accs)
+    ]
+    report = Report(time_to_accuracy.NAME, time_to_accuracy.TITLE)
+    report.details = {"threads": 2, "runs": runs, "date": "2030-01-01 00:00 UTC", "commit": "c0"}
+    return report
+
+
+def test_figures_give_every_epoch_of_the_runs():
+    report = _accuracy_report([[0.876, 0.900, 0.9096], [0.885, 0.905, 0.9122], [0.880, 0.91, 0.91]])
+    assert [e["epoch"] for e in per_epoch(report.details["runs"])] == [1, 2, 3]
+    block = figures(MACHINE, report)
+    assert "| 1 | 88.00 % | 87.60 – 88.50 % | 11.0 |" in block  # median, range, seconds
+    assert "| 3 | 91.00 % | 90.96 – 91.22 % | 31.0 |" in block
+    assert "90 % in 3 of 3 runs (after 20.0, 21.0, 22.0 s)" in block  # the first epoch there
+    assert "91 % in 2 of 3 runs (after 22.0, 31.0 s)" in block
+    assert "`python -m lab_utils.cli --seed 0 --checkpoint ''`" in block  # as a shell reads it
+    assert "at commit `c0`" in block and "printed:** `profile=cpu threads=2 | fmnist_cnn" in block
+    assert block.startswith(f"`{time_to_accuracy.REGENERATE}`")
+    with pytest.raises(ValueError, match="worked"):
+        figures(MACHINE, Report(time_to_accuracy.NAME, "", error="boom"))
+
+
+def test_readme_records_parts_from_saved_results(tmp_path, monkeypatch):
+    table, figures_in = tmp_path / "bench.md", tmp_path / "README.md"
+    table.write_text(f"{README_START}\n{markdown(MACHINE, _reports(), False)}\n{README_END}\n")
+    start, end = time_to_accuracy.FIGURES_START, time_to_accuracy.FIGURES_END
+    figures_in.write_text(f"prose\n{start}\nold figures\n{end}\nmore prose\n")
+    monkeypatch.setattr(bench_main, "README", table)
+    monkeypatch.setattr(bench_main, "RECORDED", tmp_path / "recorded")
+    monkeypatch.setattr(time_to_accuracy, "FIGURES_IN", figures_in)
+    accuracy = _accuracy_report([[0.88, 0.91]])
+    accuracy.title = "X"  # stands in the table's third part
+    saved = write_json(tmp_path / "a.json", MACHINE, [accuracy], quick=False)
+    assert main(["--from-json", str(saved), "--readme"]) == 0
+    assert "| overhead | 1.2 % |" in table.read_text()  # the other parts stay
+    assert "*FAILED: Boom: bad*" not in table.read_text()  # the part redone
+    assert (
+        figures_in.read_text()
+        == f"prose\n{start}\n{figures(MACHINE, accuracy)}\n{end}\nmore prose\n"
+    )
+    _, [recorded], quick = read_json(tmp_path / "recorded" / "accuracy.json")
+    assert recorded == accuracy and not quick
+    write_json(saved, MACHINE, [accuracy], quick=True)
+    with pytest.raises(SystemExit, match="not --quick"):
+        main(["--from-json", str(saved), "--readme"])
+
+
+def test_readme_quotes_the_recorded_trainer_run(tmp_path):
+    """The figures README.md and benchmarks/README.md show for the command-line trainer
+    are those of the run recorded in benchmarks/recorded/accuracy.json: regenerating them
+    from it changes nothing. A figure edited by hand, or a table or block left over from
+    another run, fails here; so does a README whose command would not regenerate them."""
+    machine, [report], quick = read_json(bench_main.RECORDED / "accuracy.json")
+    assert report.name == "accuracy" and not quick and not report.error and not report.skipped
+    readme, table = tmp_path / "README.md", tmp_path / "bench.md"
+    shutil.copy(REPO / "README.md", readme)
+    shutil.copy(bench_main.README, table)
+    replace_block(
+        readme,
+        time_to_accuracy.FIGURES_START,
+        time_to_accuracy.FIGURES_END,
+        figures(machine, report),
+    )
+    update_readme(table, machine, [report], quick=False, partial=True)
+    assert readme.read_text() == (REPO / "README.md").read_text()
+    assert table.read_text() == bench_main.README.read_text()
+    command = shlex.split(time_to_accuracy.REGENERATE)
+    assert command[:3] == ["python", "-m", "benchmarks"]
+    args = parse_args(command[3:])
+    assert args.readme and args.only == ["accuracy"] and not args.quick
 
 
 def test_every_benchmark_module_has_the_interface():

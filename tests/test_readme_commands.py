@@ -165,7 +165,8 @@ NOT_RUN = {
     "python -m benchmarks --quick": BENCH,
     "python -m benchmarks --only loader --only trainer --json results.json": BENCH,
     "python -m benchmarks --repeats 5": BENCH,
-    "python -m benchmarks --readme": BENCH + "; it also rewrites benchmarks/README.md",
+    "python -m benchmarks --readme": BENCH
+    + "; it also rewrites benchmarks/README.md, README.md's trainer figures and benchmarks/recorded/",
 }
 # Words of listed commands that stand for the reader's own files.
 PLACEHOLDERS = {"my_train.py"}
