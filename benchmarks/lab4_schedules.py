@@ -4,8 +4,9 @@ one process.
 ``pipeline_schedules.py`` times 1F1B, interleaved 1F1B (v = 2), interleaved zero bubble
 and ZB-V on 2 processes, their steps interleaved round after round; each row is 1F1B's
 median step time / the schedule's (above 1: the schedule is faster), with the measured
-and replayed bubbles. ``context_parallel.py`` times a forward and backward of causal
-attention on one process and as ring attention on 2 processes (A B B A ...).
+and replayed bubbles and the bubble of torch's plan with equal F, B, W blocks.
+``context_parallel.py`` times a forward and backward of causal attention on one process
+and as ring attention on 2 processes, contiguous and zig-zag layouts (A B C C B A ...).
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ def ring_attention(settings: Settings, report: Report) -> tuple[list[str], dict]
         one / ring,
         "x",
     )
+    report.add(
+        f"ring attention on 2 processes, T={t['seq_len']}: contiguous / zig-zag ring",
+        ring / statistics.median(t["zigzag_samples"]),
+        "x",
+    )
     return cp_args, t
 
 
@@ -76,7 +82,8 @@ def run(settings: Settings) -> Report:
             f"{name} (v={r['virtual']}) m={m}: 1F1B / schedule step time",
             base / statistics.median(r["samples"]),
             "x",
-            note=f"bubble {r['bubble']:.2f} measured, {r['replay_bubble']:.2f} replayed; "
+            note=f"bubble {r['bubble']:.2f} measured, {r['replay_bubble']:.2f} replayed, "
+            f"{r['plan_ratio'] / (1 + r['plan_ratio']):.2f} plan (equal F, B, W); "
             f"1F1B {runs['1f1b']['bubble']:.2f}",
         )
     cp_args, t = ring_attention(settings, report)

@@ -457,3 +457,103 @@ def replay_noise(events: Sequence[Event | dict], result: Replay) -> float:
     mean_busy = sum(per_rank.values()) / len(per_rank)
     # bubble = 1 − mean_busy / span, so a change δ of the span moves it by mean_busy·δ / span²
     return mean_busy / max(t1 - t0, 1e-12) ** 2 * span_noise
+
+
+# ------------------------------------------------------------------ a plan on its own
+# torch's plan of a schedule is a list of blocks per rank; with a cost for each kind of
+# block and free messages it has a bubble of its own, computed here from the list alone.
+
+
+class _PlanStage:
+    """The attributes a ``torch.distributed.pipelining`` schedule reads from its stages
+    while it builds its plan (no module, no process group)."""
+
+    def __init__(self, stage: int, n_stages: int, p: int, rank: int) -> None:
+        self.stage_index, self.num_stages = stage, n_stages
+        self.group_size, self.group_rank = p, rank
+        self.is_first, self.is_last = stage == 0, stage == n_stages - 1
+        self.submod = nn.Identity()
+
+
+def plan(
+    schedule_cls: type, p: int, m: int, stages_per_rank: int = 1, v_shape: bool = False
+) -> dict[int, list[Block]]:
+    """torch's own plan of ``schedule_cls`` for p ranks and m micro-batches
+    (:func:`schedule_actions`), built in this process without a process group: every
+    rank's plan is computed on every rank, so rank 0's stages suffice. Stages r, r+p, …
+    on rank r, or r and 2p−1−r when ``v_shape``."""
+    v = 2 if v_shape else stages_per_rank
+    ids = [0, 2 * p - 1] if v_shape else [i * p for i in range(v)]
+    stages = [_PlanStage(s, p * v, p, 0) for s in ids]
+    schedule = schedule_cls(stages[0] if v == 1 and not v_shape else stages, m, loss_fn=None)
+    return schedule_actions(schedule)
+
+
+def ideal_replay(order: Mapping[int, Sequence], cost: Mapping[str, float] | None = None) -> Replay:
+    """The plan ``order`` (per rank, blocks ``(stage, kind, micro-batch)``) replayed with
+    a fixed duration per kind of block and free messages: ``cost`` F, B, W (default 1
+    each). A B with no W of its own (same stage and micro-batch) is a whole backward, as
+    in 1F1B and some of DualPipeV's: it lasts ``cost["B"] + cost["W"]``."""
+    cost = {"F": 1.0, "B": 1.0, "W": 1.0, **(cost or {})}
+    ws = {(s, i) for acts in order.values() for s, k, i in acts if k == "W"}
+    ev = [
+        Event(
+            int(r),
+            k,
+            i,
+            0.0,
+            cost[k] + (cost["W"] if k == "B" and (s, i) not in ws else 0.0),
+            stage=s,
+        )
+        for r, acts in order.items()
+        for s, k, i in acts
+    ]
+    return replay(ev, {int(r): acts for r, acts in order.items()})
+
+
+def plan_ratio(order: Mapping[int, Sequence], cost: Mapping[str, float] | None = None) -> float:
+    """Idle time over compute time of the plan ``order`` with fixed block costs
+    (:func:`ideal_replay`), on a step that starts and ends together on every rank — as a
+    training step does when anything synchronises the ranks at its end (a barrier, a
+    gradient-norm all-reduce)."""
+    b = ideal_replay(order, cost).bubble
+    return b / (1 - b)
+
+
+def stage_ratio(order: Mapping[int, Sequence], cost: Mapping[str, float] | None = None) -> float:
+    """The same plan measured the way Qi et al. (Zero Bubble Pipeline Parallelism) measure
+    a schedule: idle over compute within the longest span of any one rank, each rank from
+    its own first block to its own last. A later rank's late start is not counted: with
+    nothing synchronising the ranks between steps (the paper's optimizer post-validation),
+    it overlaps the end of the previous step."""
+    ev = ideal_replay(order, cost).events
+    by_rank: dict[int, list[Event]] = {}
+    for e in ev:
+        by_rank.setdefault(e.rank, []).append(e)
+    longest = max(max(e.end for e in v) - min(e.start for e in v) for v in by_rank.values())
+    work = max(sum(e.end - e.start for e in v) for v in by_rank.values())
+    return (longest - work) / work
+
+
+def peak_held(order: Mapping[int, Sequence], stages_per_rank: int) -> dict[int, float]:
+    """Per rank, the most activations it holds at once under the plan ``order``, in units
+    of one micro-batch through a whole rank's layers (a stage holds 1/v of that): a
+    micro-batch is held on a stage from its F to its last backward block there (B, or W).
+    A count from the order of the rank's own blocks, whatever their durations."""
+    out: dict[int, float] = {}
+    for rank, acts in order.items():
+        last = {}
+        for i, (s, k, mb) in enumerate(acts):
+            if k != "F":
+                last[(s, mb)] = i
+        held = peak = 0
+        releases: dict[int, int] = {}
+        for i, (s, k, mb) in enumerate(acts):
+            if k == "F":
+                held += 1
+                peak = max(peak, held)
+            held -= releases.pop(i, 0)
+            if k == "F":
+                releases[last[(s, mb)]] = releases.get(last[(s, mb)], 0) + 1
+        out[int(rank)] = peak / stages_per_rank
+    return out

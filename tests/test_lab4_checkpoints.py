@@ -1,7 +1,9 @@
 """Lab 4.9: scripts/reshard_checkpoint.py saves a sharded FSDP2 model and optimizer from 4
 processes and loads them into 2 and into one plain model, equal to the saving run's memory
-(a wrong reference fails the check); a save killed before .metadata is detected; the whole
-model is rebuilt by lab_utils.models.load; a process count that does not fit stops cleanly."""
+(a wrong reference fails the check); the pieces each loading rank reads (the exercise)
+equal what DCP reads, on uneven cuts and in the real run; a save killed before .metadata
+is detected; the whole model is rebuilt by lab_utils.models.load; a process count that does
+not fit stops cleanly."""
 
 import copy
 import subprocess
@@ -17,6 +19,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from lab_utils import launch, models
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
+from lab_utils.solutions import lab4 as reference
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "reshard_checkpoint.py"
@@ -72,6 +75,79 @@ def test_a_wrong_result_fails_the_check(saved, loaded, wrong):
     s, ld = wrong(copy.deepcopy(saved[1]), copy.deepcopy(loaded))
     with pytest.raises(CheckFailed):
         checks.check_resharded(ld, s)
+
+
+# ------------------------------------------------------------------ the exercise
+def test_pieces_reference_equals_what_dcp_reads(loaded):
+    """The reference against DCP's own resharding function on every cut of 1–40 rows that
+    torch.chunk splits into as many pieces as ranks (4, 3, 2 savers; 1–4 loaders), and
+    against what the 2 loading ranks of the real run read from the 4 files."""
+    cases = 0
+    for rows in range(1, 41):
+        for saved_ranks in (2, 3, 4):
+            for ranks in (1, 2, 3, 4):
+                if any(len(torch.arange(rows).chunk(n)) != n for n in (saved_ranks, ranks)):
+                    continue
+                for rank in range(ranks):
+                    assert reference.pieces_to_read(rows, saved_ranks, rank, ranks) == (
+                        checks.dcp_reads(rows, saved_ranks, rank, ranks)
+                    )
+                    cases += 1
+    assert cases > 300
+    assert loaded["saved_procs"] == 4 and set(loaded["reads"]) == {"0", "1"}
+    checks.check_pieces_to_read(reference.pieces_to_read, loaded)
+
+
+def _floor_cut(rows, saved_ranks, rank, ranks):  # rows // n per rank, the rest on the last
+    def cut(n):
+        size = rows // n
+        return [(i * size, rows if i == n - 1 else (i + 1) * size) for i in range(n)]
+
+    lo, hi = cut(ranks)[rank]
+    return [
+        (s, max(a, lo) - a, max(a, lo) - lo, min(b, hi) - max(a, lo))
+        for s, (a, b) in enumerate(cut(saved_ranks))
+        if max(a, lo) < min(b, hi)
+    ]
+
+
+def _global_rows(rows, saved_ranks, rank, ranks):  # rows of the whole tensor, not the shards
+    size, mine = -(-rows // saved_ranks), -(-rows // ranks) * rank
+    return [
+        (s, s * size + a, mine + d, n)
+        for s, a, d, n in reference.pieces_to_read(rows, saved_ranks, rank, ranks)
+    ]
+
+
+def _every_file(rows, saved_ranks, rank, ranks):  # the overlaps, plus every other file
+    got = reference.pieces_to_read(rows, saved_ranks, rank, ranks)
+    return got + [(s, 0, 0, 0) for s in range(saved_ranks) if s not in {g[0] for g in got}]
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (_floor_cut, "torch.chunk"),
+        (_global_rows, "relative to each shard"),
+        (_every_file, "not every file"),
+    ],
+    ids=["rows // n cut", "rows of the whole tensor", "every file read"],
+)
+def test_pieces_check_names_the_mistake(wrong, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        checks.check_pieces_to_read(wrong)
+
+
+def test_pieces_check_fails_an_answer_the_run_contradicts(loaded):
+    """An answer right on the uneven cases but wrong for the real run's tensors fails on
+    the run's own reads."""
+
+    def only_uneven(rows, saved_ranks, rank, ranks):
+        got = reference.pieces_to_read(rows, saved_ranks, rank, ranks)
+        return got if (rows, saved_ranks, ranks) in {c for c in checks.PIECE_CASES} else got[:1]
+
+    with pytest.raises(CheckFailed, match="the run read"):
+        checks.check_pieces_to_read(only_uneven, loaded)
 
 
 def test_one_plain_model_reads_the_sharded_checkpoint(saved):

@@ -1,21 +1,28 @@
-"""Lab 4.6's schedules: the replay of torch's interleaved and zero-bubble plans from a run's
-block times (equal blocks give (p−1)/(v·m)), W blocks holding activations, the checks of
-a run's blocks and bubble (and that they fail a wrong timeline), and
-pipeline_schedules.py under torchrun.
+"""Lab 4.6's schedules: torch's own plans (built without processes) against the closed forms
+the notebook prints ((p−1)/m, (p−1)/(v·m), (p−1)/(3·v·m)), the paper's zero-bubble measure
+(only ZB-V reaches 0) and the peak activations each plan holds (the zero-bubble plans keep
+1F1B's); the bubble exercise's check (the reference passes, each named mistake fails); the
+replay of a run's plans from its block times, W blocks holding activations, the checks of a
+run's blocks and bubble (and that they fail a wrong timeline), and pipeline_schedules.py
+under torchrun.
 """
 
+import inspect
 import io
 import os
 import subprocess
 import sys
 from contextlib import redirect_stdout
+from pathlib import Path
 
 import pytest
 from conftest import REPO, tiny_transformer
+from torch.distributed import pipelining as pp
 
 from lab_utils import launch, models, timeline
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
+from lab_utils.solutions import lab4 as reference
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline_schedules.py"
@@ -83,6 +90,127 @@ def test_w_holds_the_activations_until_it_ends():
         {"rank": 0, "stage": 0, "kind": "W", "mb": 0, "start": 4, "end": 5},
     ]
     assert timeline.in_flight(ev)[0] == (3, 30)
+
+
+# ------------------------------------------------------------------ torch's own plans
+# Each torch schedule's plan (its action list, built without processes), replayed with equal
+# F, B and W blocks and free messages: counts, no timing.
+PLANS = {  # name: (class, stages per rank, V-shaped)
+    "1f1b": (pp.Schedule1F1B, 1, False),
+    "interleaved": (pp.ScheduleInterleaved1F1B, 2, False),
+    "interleaved_zb": (pp.ScheduleInterleavedZeroBubble, 2, False),
+    "zbv": (pp.ScheduleZBVZeroBubble, 2, True),
+    "dualpipev": (pp.ScheduleDualPipeV, 2, True),
+}
+
+
+def torch_plan(name: str, p: int, m: int, v: int | None = None) -> dict:
+    cls, v0, vs = PLANS[name]
+    return timeline.plan(cls, p, m, v or v0, vs)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 8])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_closed_forms_equal_torchs_plans(p, k):
+    """The formulas the notebook prints are the plans' own bubbles (idle / compute, equal
+    F, B, W): 1F1B (p−1)/m, interleaved (p−1)/(v·m), interleaved zero bubble (torch's
+    ZB1P), ZB-V and DualPipeV (p−1)/(3·v·m) — not zero, however large m."""
+    mod = load_script(SCRIPT)
+    m = k * p
+    for name in ("1f1b", "interleaved", "interleaved_zb", "zbv", "dualpipev"):
+        for v in (2, 3) if name in ("interleaved", "interleaved_zb") else (PLANS[name][1],):
+            want = mod.formula_ratio(name, p, m, v)
+            if want is None:
+                assert name in ("zbv", "dualpipev") and m < 2 * p
+                continue
+            got = timeline.plan_ratio(torch_plan(name, p, m, v))
+            assert got == pytest.approx(want, rel=1e-9), (name, p, m, v)
+            assert got > 0
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (4, 8), (4, 16), (8, 16)])
+def test_only_zb_v_is_zero_bubble_the_papers_way(p, m):
+    """Measured as Qi et al. measure (each rank from its own first block): ZB-V has no
+    bubble; torch's interleaved zero bubble (ZB1P) and DualPipeV (its pairs run one after
+    the other) keep (p−1)/(3·v·m), the same as on a step that ends together."""
+    assert timeline.stage_ratio(torch_plan("zbv", p, m)) == pytest.approx(0, abs=1e-12)
+    for name in ("interleaved_zb", "dualpipev"):
+        plan = torch_plan(name, p, m)
+        assert timeline.stage_ratio(plan) == pytest.approx((p - 1) / (3 * 2 * m), rel=1e-9)
+        assert timeline.plan_ratio(plan) == pytest.approx((p - 1) / (3 * 2 * m), rel=1e-9)
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (4, 8), (8, 16)])
+def test_zero_bubble_plans_hold_what_1f1b_holds(p, m):
+    """Peak activations per rank (micro-batches through a rank's layers), counted from
+    each plan's order: torch's interleaved zero bubble and ZB-V hold at most 1F1B's p on
+    every rank (ZB-H1 and ZB-V are built to 1F1B's peak); interleaved 1F1B and DualPipeV
+    hold more."""
+    peak = {
+        name: max(timeline.peak_held(torch_plan(name, p, m), PLANS[name][1]).values())
+        for name in PLANS
+    }
+    assert peak["1f1b"] == p
+    assert peak["interleaved_zb"] == peak["zbv"] == p
+    assert peak["interleaved"] > p and peak["dualpipev"] > p
+
+
+def test_the_line_the_notebook_quotes_from_torch():
+    """4.6 quotes torch/distributed/pipelining/schedules.py line 3015: the interleaved zero
+    bubble schedule is the paper's ZB1P."""
+    source = Path(inspect.getsourcefile(pp.ScheduleInterleavedZeroBubble)).read_text()
+    line = source.splitlines()[3015 - 1]
+    assert "In particular this is implementing the ZB1P schedule in the paper." in line
+
+
+def test_bubble_exercise_reference_passes_and_equals_the_replay():
+    assert checks.check_schedule_bubble(reference.schedule_bubble) < 1e-9
+    for _, actions, cost in checks._bubble_cases():
+        want = timeline.ideal_replay(actions, cost).bubble
+        assert reference.schedule_bubble(actions, cost) == pytest.approx(want, abs=1e-12)
+
+
+def _ratio(actions, cost):  # idle / compute instead of idle / step
+    b = reference.schedule_bubble(actions, cost)
+    return b / (1 - b)
+
+
+def _w_idle(actions, cost):  # W blocks counted as idle
+    b = reference.schedule_bubble(actions, cost)
+    n = len(actions)
+    blocks = [x for a in actions.values() for x in a]
+    ws = {(s, i) for s, k, i in blocks if k == "W"}
+    busy = sum(cost[k] + cost["W"] * (k == "B" and (s, i) not in ws) for s, k, i in blocks) / n
+    w = sum(cost["W"] for _, k, _ in blocks if k == "W") / n
+    return 1 - (busy - w) / (busy / (1 - b))
+
+
+def _no_wait(actions, cost):  # every rank runs its blocks back to back from t = 0
+    return 0.0
+
+
+def _b_alone(actions, cost):  # every B lasts cost["B"], a whole backward too
+    ev = [
+        timeline.Event(int(r), k, i, 0.0, cost[k], stage=s)
+        for r, acts in actions.items()
+        for s, k, i in acts
+    ]
+    return timeline.replay(ev, actions).bubble
+
+
+@pytest.mark.parametrize(
+    "wrong, hint",
+    [
+        (_ratio, "idle / compute"),
+        (_w_idle, "W blocks are work"),
+        (_no_wait, "must wait"),
+        (_b_alone, r"B \+ W"),
+    ],
+    ids=["idle over compute", "W counted as idle", "no waiting (no warm-up)", "B without W"],
+)
+def test_bubble_check_names_the_mistake(wrong, hint):
+    with pytest.raises(CheckFailed, match=hint):
+        checks.check_schedule_bubble(wrong)
 
 
 # ------------------------------------------------------------------ the run and its checks

@@ -404,6 +404,115 @@ def check_incomplete(files: list[str], error: BaseException | None) -> None:
     )
 
 
+# (rows, saving ranks, loading ranks): uneven cuts, and more loaders than savers
+PIECE_CASES = [(10, 4, 3), (10, 4, 2), (7, 3, 2), (13, 4, 3), (14, 3, 4), (96, 4, 2)]
+
+
+def dcp_reads(rows: int, saved_ranks: int, rank: int, ranks: int) -> list[tuple[int, ...]]:
+    """What ``torch.distributed.checkpoint`` reads for loading rank ``rank`` of ``ranks``:
+    its own resharding function (``create_read_items_for_chunk_list``) on a checkpoint
+    whose ``saved_ranks`` pieces, and the loader's piece, are cut by ``torch.chunk`` as
+    FSDP cuts dim 0. ``(saving rank, row in its saved shard, row in the new shard,
+    rows)``, in row order."""
+    from torch.distributed.checkpoint.metadata import (
+        ChunkStorageMetadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    def chunk(piece: torch.Tensor) -> ChunkStorageMetadata:
+        return ChunkStorageMetadata(torch.Size([int(piece[0])]), torch.Size([len(piece)]))
+
+    saved = [chunk(p) for p in torch.arange(rows).chunk(saved_ranks)]
+    md = TensorStorageMetadata(TensorProperties(dtype=torch.float32), torch.Size([rows]), saved)
+    mine = chunk(torch.arange(rows).chunk(ranks)[rank])
+    starts = [c.offsets[0] for c in saved]
+    return sorted(
+        (
+            starts.index(r.storage_index.offset[0]),
+            r.storage_offsets[0],
+            r.dest_offsets[0],
+            r.lengths[0],
+        )
+        for r in create_read_items_for_chunk_list("t", md, [mine])
+    )
+
+
+def _pieces_mistake(got, rows: int, saved_ranks: int, rank: int, ranks: int) -> str:
+    """The likely mistake behind a wrong answer: each one's answer, computed here."""
+
+    def floor_cut(n: int) -> list[tuple[int, int]]:
+        size = rows // n
+        return [(i * size, rows if i == n - 1 else (i + 1) * size) for i in range(n)]
+
+    def overlaps(cut) -> list[tuple[int, ...]]:
+        lo, hi = cut(ranks)[rank]
+        return [
+            (s, max(a, lo) - a, max(a, lo) - lo, min(b, hi) - max(a, lo))
+            for s, (a, b) in enumerate(cut(saved_ranks))
+            if max(a, lo) < min(b, hi)
+        ]
+
+    want = dcp_reads(rows, saved_ranks, rank, ranks)
+    starts = [int(p[0]) for p in torch.arange(rows).chunk(saved_ranks)]
+    mine = int(torch.arange(rows).chunk(ranks)[rank][0])
+    if got == overlaps(floor_cut):
+        return (
+            "FSDP cuts dim 0 with torch.chunk: pieces of ⌈rows / n⌉ rows, the last ones "
+            "shorter — not rows // n with the rest on the last rank"
+        )
+    if got == [(s, starts[s] + a, mine + d, n) for s, a, d, n in want]:
+        return "give rows relative to each shard: the saved shard's first row and yours are 0"
+    if got and {g[0] for g in got} == set(range(saved_ranks)) and len(want) < saved_ranks:
+        return "read only the saved shards that overlap your new shard, not every file"
+    return (
+        "your new shard is rows [r·⌈R/n⌉, (r+1)·⌈R/n⌉) of the tensor; intersect it with each "
+        "saved shard's rows and give each overlap's start in both shards and its length"
+    )
+
+
+def check_pieces_to_read(fn: Callable, reads: Mapping | None = None) -> None:
+    """The student's pieces against what DCP reads: its own resharding function on uneven
+    FSDP cuts (``torch.chunk``), and, with ``reads`` (the ``loaded`` record of
+    ``reshard_checkpoint.py --load``), what each loading rank of that real run read from the
+    real checkpoint's files for every tensor."""
+    cases = [(rows, s, r, n) for rows, s, n in PIECE_CASES for r in range(n)]
+    for rows, s, r, n in cases:
+        got, want = fn(rows, s, r, n), dcp_reads(rows, s, r, n)
+        got = [tuple(int(x) for x in g) for g in got] if isinstance(got, list) else got
+        if got != want:
+            fail(
+                "pieces_to_read",
+                f"{rows} rows saved by {s} ranks, loading rank {r} of {n}: got {got}, "
+                f"DCP reads {want}",
+                _pieces_mistake(got, rows, s, r, n),
+            )
+    real = 0
+    if reads is not None:
+        for rank, per_tensor in reads["reads"].items():
+            for fqn, pieces in per_tensor.items():
+                rows = reads["rows"][fqn]
+                want = sorted(tuple(p) for p in pieces)
+                got = [
+                    tuple(int(x) for x in g)
+                    for g in fn(rows, reads["saved_procs"], int(rank), reads["procs"])
+                ]
+                if got != want:
+                    fail(
+                        "pieces_to_read",
+                        f"{fqn} ({rows} rows) loaded by rank {rank} of {reads['procs']}: got "
+                        f"{got}, the run read {want}",
+                        _pieces_mistake(got, rows, reads["saved_procs"], int(rank), reads["procs"]),
+                    )
+                real += 1
+    passed(
+        "pieces_to_read = what torch.distributed.checkpoint reads",
+        f"{len(cases)} uneven cuts"
+        + (f"; {real} tensor pieces the {reads['procs']}-rank load read" if reads else ""),
+    )
+
+
 # ------------------------------------------------- interleaved and zero-bubble schedules
 def _blocks(acts: list, around: int) -> str:
     """``0F2 2B0 …``: the blocks near position ``around``."""
@@ -452,6 +561,106 @@ def check_schedule_blocks(run: Mapping) -> None:
     )
 
 
+def _bubble_cases() -> list[tuple[str, dict, dict]]:
+    """torch's own plans (built without processes) and block costs."""
+    from torch.distributed import pipelining as pp
+
+    plans = [
+        ("1F1B, p=4, m=8", pp.Schedule1F1B, 4, 8, 1, False),
+        ("interleaved 1F1B, p=2, v=2, m=4", pp.ScheduleInterleaved1F1B, 2, 4, 2, False),
+        ("interleaved ZB, p=4, v=2, m=8", pp.ScheduleInterleavedZeroBubble, 4, 8, 2, False),
+        ("ZB-V, p=2, m=4", pp.ScheduleZBVZeroBubble, 2, 4, 2, True),
+        ("DualPipeV, p=2, m=4", pp.ScheduleDualPipeV, 2, 4, 2, True),
+    ]
+    costs = [{"F": 1.0, "B": 1.0, "W": 1.0}, {"F": 1.0, "B": 1.5, "W": 0.5}]
+    return [
+        (f"{name}, F/B/W = {c['F']:g}/{c['B']:g}/{c['W']:g}", timeline.plan(cls, p, m, v, vs), c)
+        for name, cls, p, m, v, vs in plans
+        for c in costs
+    ]
+
+
+def _every_b_alone(actions: Mapping, cost: Mapping) -> float:
+    """The bubble when every B lasts ``cost["B"]``, a whole backward too."""
+    ev = [
+        timeline.Event(int(r), k, i, 0.0, cost[k], stage=s)
+        for r, acts in actions.items()
+        for s, k, i in acts
+    ]
+    return timeline.replay(ev, actions).bubble
+
+
+def _bubble_mistake(got: float, actions: Mapping, cost: Mapping) -> str:
+    """The likely mistake behind a wrong bubble: each one's value, computed here."""
+    want = reference.schedule_bubble(actions, cost)
+    ws = {(s, i) for acts in actions.values() for s, k, i in acts if k == "W"}
+    blocks = [b for acts in actions.values() for b in acts]
+    busy = sum(
+        cost[k] + (cost["W"] if k == "B" and (s, i) not in ws else 0.0) for s, k, i in blocks
+    ) / len(actions)
+    span = busy / (1 - want)
+    w = sum(cost["W"] for _, k, _ in blocks if k == "W") / len(actions)
+    candidates = [
+        (
+            want / (1 - want),
+            "that is idle / compute; the bubble is a share of the step: idle / (idle + "
+            "compute) = 1 − busy / span",
+        ),
+        (
+            1 - (busy - w) / span,
+            "W blocks are work (the weights' gradient), not idle time: count them as busy",
+        ),
+        (
+            0.0,
+            "no rank ever idled: each block must wait for the block whose result it needs "
+            "(F for the previous stage's F, B for the next stage's B, W for its own B) — "
+            "that wait is the warm-up and the cool-down",
+        ),
+        (
+            1 - busy / (span * len(actions)),
+            "divide one rank's mean busy time by the span, not by the span of all ranks added",
+        ),
+    ]
+    if len(ws) < sum(k == "B" for _, k, _ in blocks):  # some B is a whole backward
+        candidates.append(
+            (
+                _every_b_alone(actions, cost),
+                "a B with no W of its own (same stage and micro-batch) is the whole "
+                "backward: it lasts B + W",
+            )
+        )
+    for value, hint in candidates:
+        if abs(got - value) < 1e-6:
+            return hint
+    return (
+        "place each block at max(its rank's previous block's end, the end of the block it "
+        "waits for), the last stage's B after its own F; bubble = 1 − mean busy / span"
+    )
+
+
+def check_schedule_bubble(fn: Callable) -> float:
+    """The student's bubble of a plan against the reference, on torch's own plans of five
+    schedules (1F1B, interleaved 1F1B, interleaved zero bubble, ZB-V, DualPipeV) with equal
+    and unequal F/B/W costs. Returns the largest difference."""
+    worst = 0.0
+    for what, actions, cost in _bubble_cases():
+        got, want = fn(actions, dict(cost)), reference.schedule_bubble(actions, cost)
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-9:
+            fail(
+                "schedule_bubble",
+                f"{what}: got {got!r}, expected {want:.4f}",
+                _bubble_mistake(got, actions, cost)
+                if isinstance(got, (int, float))
+                else "return a float",
+            )
+        worst = max(worst, abs(got - want))
+    passed(
+        "schedule_bubble: the idle share of torch's plans of 5 schedules",
+        f"{len(_bubble_cases())} plans and costs",
+    )
+    return worst
+
+
 # ------------------------------------------------------------------- planner (notebook 10)
 def check_predictions(rows: list[Mapping]) -> float:
     """Each row ``{what, predicted, measured, margin}``: ``|predicted − measured| ≤ margin ×
@@ -468,6 +677,114 @@ def check_predictions(rows: list[Mapping]) -> float:
             )
         worst = max(worst, err)
     passed(f"planner: {len(rows)} predictions within their margins", f"largest error {worst:.2%}")
+    return worst
+
+
+def _activation_cases() -> list[tuple[str, object, object, int, int]]:
+    """Small models and GPT-3 on layouts where each likely mistake gives another number."""
+    from lab_utils import planner
+
+    small = planner.Config(vocab=96, d_model=64, n_layers=8, n_heads=4, seq_len=32)
+    cases = []
+    for recompute in ("none", "full"):
+        for pp, m, stage in ((4, 8, 0), (4, 8, 2), (4, 2, 0), (2, 6, 1)):
+            for tp, sp in ((1, "none"), (2, "torch"), (2, "megatron")):
+                lay = planner.Layout(
+                    tp=tp, pp=pp, microbatches=m, recompute=recompute, sequence_parallel=sp
+                )
+                what = f"pp {pp}, m {m}, stage {stage}, tp {tp}, sp {sp}, recompute {recompute}"
+                cases.append((f"small model, {what}", small, lay, 2, stage))
+    gpt3 = planner.Layout(
+        dp=8, tp=8, pp=16, zero=1, precision="bf16", recompute="full", microbatches=64
+    )
+    what = "GPT-3, dp 8 × tp 8 × pp 16, bf16, recompute full, m 64"
+    cases.append((what, planner.GPT3, gpt3, 3, 0))
+    return cases
+
+
+def _activation_mistake(got: float, cfg, lay, b: int, stage: int) -> str:
+    """The likely mistake behind a wrong peak: each one's value, computed here."""
+    from lab_utils import planner
+
+    act = planner.PRECISIONS[lay.precision][0]
+    blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
+    per_block = planner.block_activation_values(cfg, lay, b)
+    kept = planner.block_input_values(cfg, lay, b)
+    k = min(lay.pp - stage, lay.microbatches)
+    full = lay.recompute == "full"
+
+    def peak(n: int) -> float:
+        if full:
+            return act * (n * blocks * kept + per_block - kept)
+        return act * n * blocks * per_block
+
+    candidates = [
+        (
+            peak(lay.microbatches),
+            "1F1B does not run every micro-batch's forward first (GPipe does): stage s has "
+            "min(pp − s, microbatches) micro-batches in flight",
+        ),
+        (
+            peak(lay.pp - stage),
+            "a step with fewer micro-batches than pp − stage has only that many in flight",
+        ),
+        (
+            peak(min(lay.pp, lay.microbatches)),
+            "later stages start fewer micro-batches before their first backward: pp − stage",
+        ),
+        (peak(k) / act, "values are not bytes: times PRECISIONS[lay.precision][0]"),
+    ]
+    if full:
+        candidates = [
+            (
+                act * k * (blocks * kept + per_block - kept),
+                "the recomputed block's working set is there once, not per micro-batch: the "
+                "backward runs one block again at a time and frees what it saved",
+            ),
+            (
+                act * (k * blocks * kept + per_block),
+                "the recomputed block's input is the one already kept: add what the block "
+                "saves less its input",
+            ),
+            (
+                act * k * blocks * kept,
+                "the backward runs a checkpointed block again, and it saves its tensors "
+                "then: add one block's working set",
+            ),
+            (act * k * blocks * per_block, "with full recomputation a block keeps only its input"),
+            *candidates,
+        ]
+    for value, hint in candidates:
+        if abs(got - value) <= 1e-9 * max(abs(value), 1.0):
+            return hint
+    return (
+        "in flight = min(pp − stage, microbatches); without recomputation every block's "
+        "saved values per micro-batch in flight; with it, the blocks' inputs per micro-batch "
+        "and one block's working set once; times the bytes of an activation"
+    )
+
+
+def check_stage_activation_bytes(fn: Callable) -> float:
+    """The student's peak of a pipeline stage's saved activations against the reference
+    (which ``tests/test_planner.py`` checks against the saved-bytes meter) on small models
+    with tensor and both forms of sequence parallelism, and on GPT-3. Returns the largest
+    relative difference."""
+    worst = 0.0
+    for what, cfg, lay, b, stage in _activation_cases():
+        got, want = fn(cfg, lay, b, stage), reference.stage_activation_bytes(cfg, lay, b, stage)
+        if not isinstance(got, (int, float)) or abs(got - want) > 1e-9 * want:
+            fail(
+                "stage_activation_bytes",
+                f"{what}: got {got!r}, expected {want:,.0f} bytes",
+                _activation_mistake(got, cfg, lay, b, stage)
+                if isinstance(got, (int, float))
+                else "return a number of bytes",
+            )
+        worst = max(worst, abs(got - want) / want)
+    passed(
+        "stage_activation_bytes: the peak a pipeline stage holds for backward",
+        f"{len(_activation_cases())} layouts, with and without recomputation",
+    )
     return worst
 
 

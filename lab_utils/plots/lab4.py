@@ -183,7 +183,8 @@ def stage_timelines(runs: Sequence[Mapping]) -> plt.Figure:
     )
     for ax, run in zip(axes[:, 0], runs):
         stage_timeline(run, ax)
-    right = max(ax.get_xlim()[1] for ax in axes[:, 0])
+    # the longest step (the axes are shared: each panel's own limit set them all)
+    right = max(np.subtract(*timeline.span(run["events"])[::-1]) * 1e3 for run in runs)
     for ax in axes[:, 0]:
         ax.set_xlim(0, right)
     for ax in axes[:-1, 0]:
@@ -223,9 +224,9 @@ def bubbles_by_schedule(runs: Sequence[Mapping], ax: plt.Axes | None = None) -> 
             marker="_",
             s=400,
             color="C3",
-            label="formula (equal blocks, free messages)",
+            label="formula (equal F, B, W; free messages)",
         )
-    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_xticks(xs, labels, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("bubble (idle share)")
     ax.set_ylim(0, 1)
     ax.legend(fontsize=7)

@@ -1,17 +1,20 @@
-"""Sequence and context parallelism: Megatron sequence parallelism against tensor
+"""Sequence and context parallelism: torch's sequence parallelism against tensor
 parallelism alone, and ring attention over the processes against full attention.
 
 Part 1 (sequence parallelism): one transformer block split by heads and MLP columns
 (tensor parallelism), then with ``SequenceParallel`` on the LayerNorms (the sequence
 split over the ranks between the attention and the MLP): the collectives of a forward
-and backward and their bytes, the activation bytes each rank saves, and the outputs
-against the unsplit block.
-Part 2 (context parallelism): each rank holds a contiguous chunk of the sequence of
-q, k and v; ring attention passes the K/V blocks around the ring (send/recv) and
-keeps an online softmax. Outputs and gradients against full causal attention on one
-process, the activation bytes per rank at several sequence lengths against one process,
-the time of a forward and backward against one process, and whether torch's own
-``context_parallel`` runs on this device and backend.
+and backward and their bytes, the activation bytes each rank saves in the block's
+forward (``lab_utils.saved_bytes``: each storage once), and the outputs against the
+unsplit block. Unlike Megatron-LM's form (Korthikanti et al. 2022, §4.2.2), q, k, v and
+fc1 save the all-gathered input whole on every rank (``lab_utils.planner``'s "torch").
+Part 2 (context parallelism): each rank holds a share of the sequence of q, k and v,
+one contiguous chunk or the load-balanced zig-zag pair of chunks (i and 2n−1−i of 2n);
+ring attention passes the K/V blocks around the ring (send/recv) and keeps an online
+softmax. Outputs and gradients against full causal attention on one process (both
+layouts), the activation bytes and the attention FLOPs per rank at several sequence
+lengths against one process, the time of a forward and backward against one process,
+and whether torch's own ``context_parallel`` runs on this device and backend.
 
     torchrun --standalone --nproc-per-node 4 context_parallel.py --seq-lens 256 512 1024
 """
@@ -23,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -33,6 +36,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn import functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from lab_utils import dist as labdist
 from lab_utils import memory, metrics, models, parallel, profile
@@ -106,19 +110,10 @@ class CollectiveBytes(TorchDispatchMode):
         )
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-class LocalSaved(memory.SavedTensorCounter):
-    """Saved activation bytes on this rank: a DTensor counts its local shard."""
-
-    def __init__(self, params) -> None:
-        super().__init__([_local(q) for q in params])
-
-    def pack(self, t: torch.Tensor) -> torch.Tensor:
-        super().pack(_local(t))
-        return t
+def block_saved(split: torch.nn.Module) -> memory.SavedTensorCounter:
+    """The meter of the activations this rank saves for the block's backward (each
+    storage once; a DTensor counts its local shard; the weights are not activations)."""
+    return memory.SavedTensorCounter(split.parameters())
 
 
 def tp_plan(sequence_parallel: bool) -> dict:
@@ -163,9 +158,10 @@ def sequence_parallel_part(
         )
         mine = (ring.chunk(x, rank, world_size, dim=1) if sp else x).clone().requires_grad_()
         w = ring.chunk(weight, rank, world_size, dim=1) if sp else weight
-        counter = LocalSaved(split.parameters())
-        with CollectiveBytes(world_size) as comm, counter.hooks():
-            out = split(mine)
+        counter = block_saved(split)
+        with CollectiveBytes(world_size) as comm:
+            with counter:  # the block's forward only: the loss's weight w is no activation
+                out = split(mine)
             (out * w).sum().backward()
         out_full, grad_full = (
             _gather_seq(t, world_size) if sp else t for t in (out.detach(), mine.grad)
@@ -214,12 +210,21 @@ def qkv(args: argparse.Namespace, seq_len: int, device: torch.device) -> list[to
     return [torch.randn(shape, generator=g).to(device) for _ in range(4)]  # q, k, v, weight
 
 
-def ring_step(q, k, v, w, rank: int, world_size: int):
-    """Ring attention on this rank's chunks, forward and backward: output and gradients."""
-    mine = [ring.chunk(t, rank, world_size).clone().requires_grad_() for t in (q, k, v)]
+# layout: (this rank's share of the sequence, ring attention on that layout)
+LAYOUTS = {
+    "contiguous": (ring.chunk, reference.ring_attention),
+    "zigzag": (ring.zigzag_chunk, ring.zigzag_ring_attention),
+}
+
+
+def ring_step(q, k, v, w, rank: int, world_size: int, layout: str = "contiguous"):
+    """Ring attention on this rank's share (``layout``), forward and backward: output and
+    gradients."""
+    cut, attend = LAYOUTS[layout]
+    mine = [cut(t, rank, world_size).clone().requires_grad_() for t in (q, k, v)]
     passes = ring.Ring()
-    out = passes.tie(reference.ring_attention(*mine, rank, world_size, passes))
-    (out * ring.chunk(w, rank, world_size)).sum().backward()
+    out = passes.tie(attend(*mine, rank, world_size, passes))
+    (out * cut(w, rank, world_size)).sum().backward()
     return out.detach(), [t.grad for t in mine]
 
 
@@ -227,48 +232,66 @@ def context_parallel_part(
     args: argparse.Namespace, rank: int, world_size: int, device: torch.device
 ) -> None:
     q, k, v, w = qkv(args, args.seq_len, device)
-    out, grads = ring_step(q, k, v, w, rank, world_size)
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     want = F.scaled_dot_product_attention(*full, is_causal=True)
     (want * w).sum().backward()
-    got = [_gather_seq2(t, world_size) for t in (out, *grads)]
-    errors = {
-        name: parallel.relative_error({"t": g}, {"t": r})
-        for name, g, r in zip(
-            ("out", "dq", "dk", "dv"), got, (want.detach(), *(t.grad for t in full))
-        )
-    }
-    if rank == 0:
-        metrics.emit(
-            {"event": "ring_equal", "world": world_size, "seq_len": args.seq_len, **errors}
-        )
-        print(
-            f"ring attention on {world_size} ranks vs full causal attention: "
-            + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()),
-            flush=True,
-        )
+    for layout in LAYOUTS:
+        out, grads = ring_step(q, k, v, w, rank, world_size, layout)
+        got = [_gather_seq2(t, world_size, layout) for t in (out, *grads)]
+        errors = {
+            name: parallel.relative_error({"t": g}, {"t": r})
+            for name, g, r in zip(
+                ("out", "dq", "dk", "dv"), got, (want.detach(), *(t.grad for t in full))
+            )
+        }
+        if rank == 0:
+            metrics.emit(
+                {
+                    "event": "ring_equal",
+                    "layout": layout,
+                    "world": world_size,
+                    "seq_len": args.seq_len,
+                    **errors,
+                }
+            )
+            print(
+                f"ring attention ({layout}) on {world_size} ranks vs full causal attention: "
+                + ", ".join(f"{k} {e:.1e}" for k, e in errors.items()),
+                flush=True,
+            )
 
-    for seq_len in args.seq_lens:  # activation bytes per rank, and one process
+    for seq_len in args.seq_lens:  # activation bytes and attention FLOPs per rank
         q, k, v, _ = qkv(args, seq_len, device)
-        mine = [ring.chunk(t, rank, world_size).requires_grad_() for t in (q, k, v)]
-        counter = memory.SavedTensorCounter()
-        with counter.hooks():
-            reference.ring_attention(*mine, rank, world_size, ring.Ring())
-        per_rank = _all(counter.bytes, world_size)
+        saved, flops = {}, {}
+        for layout, (cut, attend) in LAYOUTS.items():
+            mine = [cut(t, rank, world_size).requires_grad_() for t in (q, k, v)]
+            counter = memory.SavedTensorCounter()
+            with counter.hooks(), FlopCounterMode(display=False) as flop_counter:
+                attend(*mine, rank, world_size, ring.Ring())
+            saved[layout] = _all(counter.bytes, world_size)
+            flops[layout] = _all(flop_counter.get_total_flops(), world_size)
         one = one_process_bytes(q, k, v)
         if rank == 0:
+            b, h, _, d = q.shape
             metrics.emit(
                 {
                     "event": "ring_memory",
                     "world": world_size,
                     "seq_len": seq_len,
-                    "per_rank": per_rank,
+                    "per_rank": saved["contiguous"],
+                    "per_rank_zigzag": saved["zigzag"],
                     "one_process": one,
+                    "flops": flops,
+                    # FLOPs of one (T/2n)² block of scores: QKᵀ and PV, 2·b·h·d each per score
+                    "block_flops": 4 * b * h * d * (seq_len // (2 * world_size)) ** 2,
                 }
             )
             print(
-                f"T={seq_len}: activations saved per rank {[f'{b / 2**20:.2f} MiB' for b in per_rank]}, "
-                f"one process {one / 2**20:.2f} MiB",
+                f"T={seq_len}: activations saved per rank {[f'{b / 2**20:.2f} MiB' for b in saved['contiguous']]} "
+                f"(zig-zag {[f'{b / 2**20:.2f} MiB' for b in saved['zigzag']]}), "
+                f"one process {one / 2**20:.2f} MiB; attention MFLOP per rank "
+                f"{[round(f / 1e6, 1) for f in flops['contiguous']]} "
+                f"(zig-zag {[round(f / 1e6, 1) for f in flops['zigzag']]})",
                 flush=True,
             )
 
@@ -282,25 +305,28 @@ def one_process_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return memory.activation_bytes(lambda: reference.ring_attention(*whole, 0, 1, None))
 
 
-def _gather_seq2(t: torch.Tensor, world_size: int) -> torch.Tensor:
+def _gather_seq2(t: torch.Tensor, world_size: int, layout: str = "contiguous") -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(world_size)]
     dist.all_gather(parts, t.contiguous())
-    return torch.cat(parts, dim=2)
+    return torch.cat(parts, dim=2) if layout == "contiguous" else ring.zigzag_unchunk(parts)
 
 
 def time_ring(args: argparse.Namespace, rank: int, world_size: int, device: torch.device) -> None:
     """Forward and backward of attention at the longest --seq-lens: one process (rank 0,
-    the others wait) and the ring, in the order A B B A ...; wall-clock seconds."""
+    the others wait), the contiguous ring and the zig-zag ring, in the order A B C C B A
+    ...; wall-clock seconds."""
     q, k, v, w = qkv(args, max(args.seq_lens), device)
-    one_s, ring_s = [], []
+    one_s, ring_s, zigzag_s = [], [], []
+    kinds = ("one", "ring", "zigzag")
     for r in range(args.repeats):
-        for kind in ("one", "ring") if r % 2 == 0 else ("ring", "one"):
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
             dist.barrier()
             start = time.perf_counter()
-            if kind == "ring":
-                ring_step(q, k, v, w, rank, world_size)
+            if kind != "one":
+                layout = "zigzag" if kind == "zigzag" else "contiguous"
+                ring_step(q, k, v, w, rank, world_size, layout)
                 dist.barrier()
-                ring_s.append(time.perf_counter() - start)
+                (zigzag_s if kind == "zigzag" else ring_s).append(time.perf_counter() - start)
             else:
                 if rank == 0:
                     full = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -314,11 +340,13 @@ def time_ring(args: argparse.Namespace, rank: int, world_size: int, device: torc
                 "seq_len": max(args.seq_lens),
                 "one_samples": one_s,
                 "ring_samples": ring_s,
+                "zigzag_samples": zigzag_s,
             }
         )
         print(
             f"T={max(args.seq_lens)}: forward+backward one process {statistics.median(one_s) * 1e3:.1f} ms, "
-            f"ring on {world_size} ranks {statistics.median(ring_s) * 1e3:.1f} ms (medians)",
+            f"ring on {world_size} ranks {statistics.median(ring_s) * 1e3:.1f} ms, zig-zag ring "
+            f"{statistics.median(zigzag_s) * 1e3:.1f} ms (medians)",
             flush=True,
         )
 

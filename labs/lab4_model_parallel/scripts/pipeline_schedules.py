@@ -90,13 +90,21 @@ def stage_ids(name: str, rank: int, world_size: int, v: int) -> list[int]:
 
 
 def formula_ratio(name: str, world_size: int, m: int, v: int) -> float | None:
-    """Idle time / compute time with equal blocks and free messages: 1F1B (p−1)/m,
-    interleaved 1F1B (p−1)/(v·m), with p = world_size; None where the schedule has no such
-    closed form here."""
+    """Idle time / compute time of the schedule's plan with F, B and W blocks of equal
+    length and free messages, on a step that starts and ends together on all p =
+    world_size ranks: 1F1B (p−1)/m; interleaved 1F1B (p−1)/(v·m); torch's interleaved
+    zero bubble (the paper's ZB1P, W filling the cool-down), ZB-V and DualPipeV (its
+    overlapped F and B pairs run one after the other, as on a CPU) all (p−1)/(3·v·m),
+    the V schedules once m ≥ 2p. None where the plan has no such closed form (looped
+    BFS, ZB-V with m < 2p). ``tests/test_lab4_schedules.py`` checks each against torch's
+    own plan (:func:`lab_utils.timeline.plan_ratio`)."""
+    p = world_size
     if name == "1f1b":
-        return (world_size - 1) / m
+        return (p - 1) / m
     if name == "interleaved":
-        return (world_size - 1) / (v * m)
+        return (p - 1) / (v * m)
+    if name == "interleaved_zb" or (name in ("zbv", "dualpipev") and m >= 2 * p):
+        return (p - 1) / (3 * v * m)
     return None
 
 
@@ -247,6 +255,7 @@ def report(
     bubble = timeline.bubble_fraction(events)
     flight = timeline.in_flight(events)
     ratio = formula_ratio(r.name, world_size, r.m, r.v)
+    plan = {k: [tuple(a) for a in v] for k, v in order.items()}
     metrics.emit(
         {
             "event": "schedule",
@@ -261,6 +270,9 @@ def report(
             "replay_noise": timeline.replay_noise(events, rep),
             "every_step_bubble": every,
             "formula_ratio": ratio,
+            "plan_ratio": timeline.plan_ratio(plan),
+            "stage_ratio": timeline.stage_ratio(plan),
+            "peak_held": timeline.peak_held(plan, r.v),
             "grad_rel_err": grad_err,
             "order": {str(k): v for k, v in order.items()},
             "in_flight": {str(k): v for k, v in flight.items()},

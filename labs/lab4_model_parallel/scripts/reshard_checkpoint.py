@@ -7,8 +7,9 @@ last, once every rank has reported its files. Rank 0 also keeps, for comparison,
 full state as it was in memory (--reference) and the whole model (--checkpoint).
 
 --load DIR: build the same FSDP2 model on M processes (any M), read DIR into it (each
-rank reads the pieces of the file shards that overlap its new shard) and compare the
-full model and optimizer state with --reference.
+rank reads the pieces of the file shards that overlap its new shard: the script records
+which, from DCP's own read plan) and compare the full model and optimizer state with
+--reference.
 
 --die-before-metadata: rank 0 stops dead after every rank wrote its data and before
 .metadata exists: what a crash in the middle of a save leaves behind.
@@ -23,7 +24,10 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.planner import LoadItemType
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
@@ -59,6 +63,26 @@ class DieBeforeMetadata(dcp.FileSystemWriter):
     def finish(self, metadata, results) -> None:
         print("rank 0: every rank's data is written; exiting before .metadata", flush=True)
         os._exit(3)
+
+
+class RecordingPlanner(DefaultLoadPlanner):
+    """DCP's default load planner that keeps what this rank will read: per tensor (of one
+    dimension or more), ``[saving rank, first row in its saved shard, first row in this
+    rank's shard, rows]`` for each piece, the saving rank taken from the file
+    (``__{rank}_0.distcp``) that ``.metadata`` names for the piece."""
+
+    def create_local_plan(self):
+        plan = super().create_local_plan()
+        self.reads: dict[str, list[list[int]]] = {}
+        for item in plan.items:
+            if item.type != LoadItemType.TENSOR or not item.lengths:
+                continue
+            path = self.metadata.storage_data[item.storage_index].relative_path
+            saver = int(path.removeprefix("__").split("_")[0])
+            self.reads.setdefault(item.dest_index.fqn, []).append(
+                [saver, item.storage_offsets[0], item.dest_offsets[0], item.lengths[0]]
+            )
+        return plan
 
 
 def sharded(
@@ -134,7 +158,11 @@ def load(args: argparse.Namespace, rank: int, world_size: int, device: torch.dev
     model, opt = sharded(args, device)
     msd, osd = get_state_dict(model, opt)  # the shapes and shards this layout wants
     state = {"model": msd, "optim": osd}
-    dcp.load(state, checkpoint_id=args.load)
+    planner = RecordingPlanner()
+    dcp.load(state, checkpoint_id=args.load, planner=planner)
+    every = [None] * world_size
+    dist.all_gather_object(every, planner.reads)
+    metadata = dcp.FileSystemReader(args.load).read_metadata()
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     full_model, full_optim = get_state_dict(model, opt, options=FULL)
     if rank == 0:
@@ -151,6 +179,12 @@ def load(args: argparse.Namespace, rank: int, world_size: int, device: torch.dev
                 "errors": errors,
                 "tensors": len(flat(full_optim)),
                 "rank0_model_bytes": local,
+                # what each rank read (DCP's read plan), and each tensor's rows
+                "reads": dict(enumerate(every)),
+                "rows": {
+                    f: metadata.state_dict_metadata[f].size[0] for reads in every for f in reads
+                },
+                "saved_procs": len({p.relative_path for p in metadata.storage_data.values()}),
             }
         )
         print(
