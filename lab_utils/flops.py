@@ -38,9 +38,11 @@ class Card:
     ``name`` is the whole name ``torch.cuda.get_device_name`` returns for it: cards
     whose names share a fragment have other peaks ("NVIDIA H100 PCIe" and "NVIDIA H100
     NVL" are not the SXM card "NVIDIA H100 80GB HBM3"; "NVIDIA L4" is not "NVIDIA L40").
-    ``source`` names the data sheet and the column read; the sheets print tensor-core
-    rates with sparsity, so the dense rates here are half of those. "fp32" is plain
-    IEEE fp32 on the CUDA cores."""
+    ``source`` names the data sheet and the column read. The H100 and H200 sheets print
+    tensor-core rates with sparsity only (marked *), so the dense rates here are half of
+    those; the A100, A10, L40 and L40S sheets print dense | sparse pairs (the dense one
+    is used); the V100 and T4 sheets have no sparsity. "fp32" is plain IEEE fp32 on the
+    CUDA cores."""
 
     name: str
     source: str
@@ -51,7 +53,7 @@ def _cards(names: tuple[str, ...], source: str, peaks: dict[str, float]) -> list
     return [Card(n, source, peaks) for n in names]
 
 
-_H100_SXM = {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12, "fp16": 989.4e12}
+_H100_SXM = {"fp32": 67e12, "tf32": 494.5e12, "bf16": 989.5e12, "fp16": 989.5e12}  # 989*/1,979* ÷ 2
 _H100_NVL = {"fp32": 60e12, "tf32": 417.5e12, "bf16": 835.5e12, "fp16": 835.5e12}
 _A100 = {"fp32": 19.5e12, "tf32": 156e12, "bf16": 312e12, "fp16": 312e12}
 PUBLISHED_PEAKS: dict[str, Card] = {

@@ -61,8 +61,9 @@ def _transformer_mistake(got: int, shape: tuple[int, int, int, int, int]) -> str
         "(input gradient and weight gradient), so a step is 3× the forward",
         dense: "the attention products are missing: QKᵀ and softmax·V cost 2·s²·d each per "
         "sequence and layer in the forward, 3× that per step",
-        dense + attention // 2: "the causal mask does not halve the work: the full s×s "
-        "matrix is computed, then masked",
+        dense + attention // 2: "count the full s×s products, as MFU conventionally does "
+        "(PaLM's MFU, Chowdhery et al. 2022, App. B): do not halve them for the causal mask, "
+        "even where a fused kernel skips the masked half",
         want + 6 * vocab * d * b * s: "the embedding is a look-up, not a matrix product: "
         "count only the linear layers' weights",
         want - 6 * vocab * d * b * s: "the head (d → vocab) is a linear layer too",
@@ -120,7 +121,7 @@ _ROOF_MACHINES = (
 # products whose answer changes with the ridge of the dtype (order matters for the hints).
 _ROOF_CASES = (
     (96, 96, 96, torch.float32, 0),  # I = 16 > 10
-    (512, 64, 256, torch.float32, 0),  # a thin GEMM: I ≈ 11.6 > 10
+    (512, 64, 256, torch.float32, 0),  # a thin GEMM: I = 2·512·64·256 / (4·180224) ≈ 23.3 > 10
     (48, 48, 48, torch.float32, 0),  # I = 8 < 10
     (48, 48, 48, torch.bfloat16, 0),  # I = 16 < 40 (but > fp32's 10)
     (96, 96, 96, torch.bfloat16, 0),  # I = 32 < 40
@@ -367,7 +368,8 @@ def check_layer_activation_bytes(fn: Callable) -> None:
 def torch_buckets(nbytes: list[int], ready: list[int], cap: int, first_cap: int) -> list[list[int]]:
     """The buckets PyTorch's own assignment makes: ``_compute_bucket_assignment_by_size``
     (torch/csrc/distributed/c10d/reducer.cpp), called as DDP's reducer calls it when it
-    rebuilds its buckets after the first backward: the parameters in gradient-ready order,
+    rebuilds its buckets (at the next forward, in the order the first backward's gradients
+    became ready): the parameters in gradient-ready order,
     limits ``[first_cap, cap]``."""
     import torch.distributed as dist
 

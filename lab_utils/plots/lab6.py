@@ -236,14 +236,18 @@ def bucket_choice(
     measured_s: Sequence[float],
     predicted: Mapping[str, Sequence[float]],
     *,
+    no_comm_s: float | None = None,
     ax: plt.Axes | None = None,
 ) -> plt.Axes:
-    """Measured median step time per bucket size beside each replay's prediction."""
+    """Measured median step time per bucket size beside each replay's prediction, and the
+    measured step without communication (a measured step below it is noise)."""
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
     ax.plot(caps_kb, np.asarray(measured_s) * 1e3, "o-", label="measured step (median)")
     for (name, values), marker in zip(predicted.items(), "s^dv", strict=False):
         ax.plot(caps_kb, np.asarray(values) * 1e3, marker + "--", label=name)
+    if no_comm_s is not None:
+        ax.axhline(no_comm_s * 1e3, color="gray", ls=":", label="step without communication")
     ax.set_xscale("log")
     ax.set_xlabel("bucket size (KiB)")
     ax.set_ylabel("ms per step")
@@ -260,7 +264,8 @@ def bytes_per_strategy(
     names = list(counted)
     x = np.arange(len(names))
     ax.bar(x - 0.2, [predicted.get(n, 0) / 2**20 for n in names], 0.4, label="your prediction")
-    ax.bar(x + 0.2, [counted[n] / 2**20 for n in names], 0.4, label="counted in the run")
+    # The run records the sizes handed to each collective; the ring factors give the bytes.
+    ax.bar(x + 0.2, [counted[n] / 2**20 for n in names], 0.4, label="derived from the run")
     ax.set_xticks(x, names)
     ax.set_ylabel("MiB sent per rank per step")
     ax.legend(fontsize=8)

@@ -15,8 +15,9 @@ def transformer_train_flops(
     proj: 4·d²; the MLP d → 4d → d: 8·d²), the head d·vocab more: N weights. Every
     token costs 2·N in the forward and 4·N in the backward (the gradients of the
     input and of the weight): 6·N per token. Attention adds two products per layer,
-    QKᵀ and (softmax)·V, each 2·s²·d per sequence forward (the full s×s matrix: the
-    causal mask is applied after it is computed), three times that for a step.
+    QKᵀ and (softmax)·V, each 2·s²·d per sequence forward (the full s×s matrix, by the
+    counting convention of MFU and of torch's counter, even where a fused causal kernel
+    skips the masked half), three times that for a step.
     """
     tokens = batch * seq_len
     n = n_layers * 12 * d_model**2 + d_model * vocab
@@ -88,7 +89,8 @@ def layer_activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int)
 def make_buckets(nbytes: list[int], ready: list[int], cap: int, first_cap: int) -> list[list[int]]:
     """Parameter indices per gradient bucket, as DDP's reducer assigns them
     (``torch.distributed._compute_bucket_assignment_by_size``; DDP rebuilds its buckets
-    with it after the first backward, in the order the gradients became ready).
+    with it at the start of the next forward, in the order the first backward's gradients
+    became ready).
 
     ``nbytes[i]`` is parameter i's gradient bytes, ``ready`` the parameter indices in the
     order their gradients became ready. Walk ``ready``, add each parameter to the open

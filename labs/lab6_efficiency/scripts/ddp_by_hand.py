@@ -20,9 +20,13 @@ DDP's bucketing, in the installed PyTorch (2.13), torch/nn/parallel/distributed.
 ``_BucketCapacityConfig.create`` (lines 86–110) sets the caps: ``first_bucket_bytes_cap``
 is ``dist._DEFAULT_FIRST_BUCKET_BYTES`` (1 MiB) only when ``bucket_cap_mb`` is not given,
 else the cap itself; ``compute_bucket_size_limits`` (lines 153–154) makes the first
-iteration send one bucket (``[sys.maxsize]``, unless ``find_unused_parameters``); both caps
-go to ``dist.Reducer`` (lines 1437–1459), which records the order the gradients arrive in
-and rebuilds the buckets after the first backward with ``compute_bucket_assignment_by_size``
+iteration send one bucket (``[sys.maxsize]`` when ``static_graph`` or not
+``find_unused_parameters``; with ``static_graph`` the rebuild comes one iteration later,
+with ``find_unused_parameters=True`` nothing is rebuilt, and ``bucket_cap_mb_list``,
+lines 145–148, overrides both); both caps go to ``dist.Reducer`` (lines 1437–1459), which
+records the order the gradients arrive in and rebuilds the buckets at the start of the
+next forward (``_pre_forward`` calls ``reducer._rebuild_buckets()``, lines 1769–1777) with
+``compute_bucket_assignment_by_size``
 and the limits ``[first_bucket_bytes_cap, bucket_bytes_cap]`` (C++,
 torch/csrc/distributed/c10d/reducer.cpp; Python sees it as
 ``dist._compute_bucket_assignment_by_size``). tests/test_lab6_ddp.py compares that function
@@ -482,7 +486,7 @@ def main() -> None:
     for c in buckets:
         same = "the same" if c["hand"] == c["ddp"] else "DIFFERENT"
         labdist.print0(
-            f"bucket_cap_mb {c['bucket_cap_mb']}: DDP made {len(c['ddp'])} buckets, HandDDP "
+            f"bucket_cap_mb {c['bucket_cap_mb']}: DDP made {len(c['ddp'])} bucket(s), HandDDP "
             f"{len(c['hand'])}: {same}"
         )
     if not args.no_timing:

@@ -7,8 +7,8 @@ The same character transformer, the same global batch, on N processes:
   (torch/distributed/optim/zero_redundancy_optimizer.py in torch 2.13: ``step``, lines
   1124–1153, calls ``_sync_params``, 813–826, which calls ``_broadcast_params_from_rank``,
   760–811, for every rank);
-- zero2: ZeRO stage 2 as Rajbhandari et al. 2020 define it (§5.2; communication §7.2.1,
-  which stage 1 shares), written here with torch.distributed's collectives: the
+- zero2: ZeRO stage 2's communication pattern as Rajbhandari et al. 2020 define it (§5.2;
+  bytes §7.2.1, which stage 1 shares) without its gradient-memory saving, written here with torch.distributed's collectives: the
   gradients reduce-scattered, each rank's Adam steps its shard, the updated parameters
   all-gathered (Gloo runs reduce-scatter and all-gather on CPU tensors in torch 2.13);
 - fsdp: FSDP2 (ZeRO stage 3), weights all-gathered in forward and again in backward,
@@ -111,11 +111,14 @@ def sends() -> Counter:
 
 
 class ZeRO2:
-    """ZeRO stage 2 (Rajbhandari et al. 2020, §5.2) on a model every rank holds whole.
+    """ZeRO stage 2's communication pattern (Rajbhandari et al. 2020, §5.2; bytes as §7.2.1)
+    on a model every rank holds whole, without its gradient-memory saving: every rank holds
+    all Ψ of ``.grad`` through backward and ``_flat`` copies it before the reduce-scatter,
+    where §5.2 reduces each bucket during backward and frees it. Same bytes, not same memory.
 
     [1] backward computes this rank's gradients (no communication during backward);
     [2] ``reduce_scatter_single``: rank r receives the sum over ranks of the r-th 1/N of
-        the flat gradient — the only gradient it keeps (stage 2);
+        the flat gradient (stage 2 keeps only this; here the full .grad lives until then);
     [3] Adam steps that shard alone, so each rank holds the optimizer state of 1/N of
         the parameters (stage 1);
     [4] ``all_gather_single``: every rank receives every updated shard.
