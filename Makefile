@@ -41,7 +41,8 @@ test: export GLOO_SOCKET_IFNAME ?= lo
 # Two pytest workers on two cores: one thread per process, or they slow each other down.
 test: export OMP_NUM_THREADS ?= 1
 
-.PHONY: help setup setup-lab lab test grade submission-given bench science lint clean distclean
+.PHONY: help setup setup-lab lab test grade submission-given bench science lint clean distclean \
+	gpu-bundle gpu-check
 
 help:
 	@echo "make lab        set up what the labs need, then start JupyterLab on labs/ (LAB_ARGS='--ip 0.0.0.0 ...')"
@@ -52,6 +53,8 @@ help:
 	@echo "make bench      run the performance harness (ARGS='...' passed to python -m benchmarks)"
 	@echo "make science    run the Lab 1 and Lab 3 experiments behind their claims (make test asserts them too)"
 	@echo "make lint       ruff check and ruff format --check (what CI and pre-commit run)"
+	@echo "make gpu-bundle the wheels and data the GPU check carries to an offline GPU machine (.gpu_bundle/)"
+	@echo "make gpu-check  on a GPU machine: every lab's GPU paths in <= 8 min, a table (GPU_PYTHON=python3, ARGS='...')"
 	@echo "make clean      remove caches and build outputs; make distclean also removes .venv and runs/"
 
 setup:
@@ -93,6 +96,19 @@ bench: setup-lab
 science: setup-lab
 	$(PY) labs/lab3_large_batch/science.py $(ARGS)
 	$(PY) labs/lab1_optimisation/steps_to_target.py
+
+# The GPU check (CONTRIBUTING.md, "GPU check"). gpu-bundle runs here, with the network:
+# the wheels the GPU machine's Python 3.12 lacks and Fashion-MNIST, into .gpu_bundle/.
+# gpu-check runs on the GPU machine with its own Python (no .venv, no set-up, offline);
+# `make gpu-check GPU_PYTHON=.venv/bin/python ARGS=--cpu` is its CPU form here.
+GPU_PYTHON ?= python3
+GPU_CHECK_OUT ?= runs/gpu_check
+
+gpu-bundle:
+	$(PY) -m benchmarks.gpu_check.bundle $(ARGS)
+
+gpu-check:
+	$(GPU_PYTHON) -m benchmarks.gpu_check --out $(GPU_CHECK_OUT) $(ARGS)
 
 # Needs only ruff, so a missing .venv is made without building Horovod.
 lint:

@@ -225,6 +225,26 @@ def default_timeout_s() -> float:
     return float(os.environ.get("LABS_DIST_TIMEOUT") or DEFAULT_TIMEOUT_S)
 
 
+BACKEND_VAR = "LABS_BACKEND"
+BACKENDS = ("gloo", "nccl")
+
+
+def backend_override(env: dict[str, str] | None = None) -> str | None:
+    """The backend ``$LABS_BACKEND`` asks for (``gloo`` or ``nccl``), or None when unset.
+
+    An explicit switch, not a default: NCCL refuses two ranks on one GPU, so the GPU
+    check (``python -m benchmarks.gpu_check``) sets ``LABS_BACKEND=gloo`` to run the
+    device placement of two-rank code on a machine with one GPU, and says so in its
+    table. A backend a script passes to :func:`init` itself still wins.
+    """
+    value = (os.environ if env is None else env).get(BACKEND_VAR, "").strip().lower()
+    if not value:
+        return None
+    if value not in BACKENDS:
+        raise ValueError(f"{BACKEND_VAR}={value!r} is not one of {', '.join(BACKENDS)}")
+    return value
+
+
 def init(
     backend: str | None = None, timeout_s: float | None = None, group_if_alone: bool = False
 ) -> DistInfo:
@@ -235,6 +255,7 @@ def init(
     ``group_if_alone`` it gets a one-rank group instead (for code that needs a group
     at any size: FSDP, DTensor meshes, ZeRO). On CUDA, NCCL needs one GPU per rank:
     more local ranks than GPUs is a clear error, not NCCL's "duplicate GPU".
+    ``$LABS_BACKEND`` (:func:`backend_override`) replaces the device's default backend.
     """
     global _info
     if _info is not None:
@@ -247,7 +268,7 @@ def init(
     if le.world_size == 1 and not group_if_alone:
         _info = DistInfo(0, 1, 0, 1, None, device, le.launcher)
         return _info
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    backend = backend or backend_override() or ("nccl" if device.type == "cuda" else "gloo")
     if backend == "nccl" and le.local_world_size > torch.cuda.device_count():
         raise RuntimeError(
             f"{le.local_world_size} ranks on this machine but {torch.cuda.device_count()} "
