@@ -7,10 +7,14 @@
 The model is a decoder-only transformer laid out like ``char_transformer``: learned token
 and position embeddings, pre-norm blocks (q, k, v, proj; fc1 → GELU → fc2 of width
 ``mlp_ratio · d``, or a mixture of experts), a final LayerNorm and an output projection.
-A layout splits it five ways — data (``dp``), tensor (``tp``, Megatron's column/row
-split of each block; the norms whole, and the token embedding and the output head whole
-on every tensor rank as this course's ``tp_plan`` leaves them, or split by vocabulary
-as Megatron-LM does with ``vocab_parallel=True``), pipeline (``pp``, blocks cut evenly,
+A layout splits it five ways — data (``dp``), tensor (``tp``: Megatron's column-parallel
+q, k, v and fc1 — the output features split, i.e. the rows of ``nn.Linear``'s
+``(out, in)`` weight — and row-parallel proj and fc2, the input features split; the norms
+whole, and the token embedding and the output head whole on every tensor rank as this
+course's ``tp_plan`` leaves them, or with ``vocab_parallel=True`` split by vocabulary into
+``ceil(vocab / tp)`` rows, as torch's ``Shard(0)`` cuts them; Megatron-LM first pads the
+vocabulary to a multiple of 128·tp, ``_vocab_size_with_padding``, which is not planned),
+pipeline (``pp``, blocks cut evenly,
 the embedding on the first stage, the head on the last), context (``cp``, the sequence)
 and experts (``ep``) — with a ZeRO stage over the data ranks, a precision, a
 recomputation policy and a form of sequence parallelism (:data:`SEQUENCE_PARALLEL`).
@@ -19,8 +23,10 @@ paper's formulas) applied to the parameters this rank holds; ZeRO-3 (FSDP2)
 shards every tensor along its first dimension and pads it to a multiple of ``dp``, which
 the plan counts exactly. Activation bytes count what autograd saves in this block
 implementation, each storage once as :class:`lab_utils.saved_bytes.SavedBytes` counts
-(see :func:`block_activation_values` and :func:`activation_bytes`). Wire bytes are the
-sizes of the tensors the collectives carry, as :mod:`lab_utils.traffic` counts them.
+(see :func:`block_activation_values` and :func:`activation_bytes`). Wire bytes
+(:func:`wire_bytes`) are the sizes of the tensors the collectives carry, as
+:mod:`lab_utils.traffic` counts them; :func:`sent_bytes` turns them into the bytes each
+rank sends with ring algorithms.
 """
 
 from __future__ import annotations
@@ -31,17 +37,21 @@ from dataclasses import dataclass, field
 from lab_utils import memory
 
 # bytes of a parameter, a gradient and the optimizer state per parameter (Adam)
+# "bf16" is a bf16 model — parameters, gradients and activations in bf16 — whose optimizer
+# keeps fp32 master weights and Adam's two moments (the ZeRO paper's mixed precision, K = 12).
+# It is not autocast, which keeps fp32 weights and saves other tensors (notebook 10 measures it).
 PRECISIONS = {
     "fp32": (4, 4, 8),
     "bf16": (2, 2, 12),
-}  # bf16: fp32 master + 2 moments (ZeRO paper's K=12)
+}
 RECOMPUTE = ("none", "full")
 # "torch": torch.distributed.tensor.parallel.SequenceParallel on the LayerNorms, which the
 # course runs (Lab 4.7); "megatron": Korthikanti et al. 2022, §4.2.2 (block_activation_values).
 SEQUENCE_PARALLEL = ("none", "torch", "megatron")
 # ZeRO-1's gradient and parameter traffic: "torch" is ZeroRedundancyOptimizer (all-reduce the
 # gradients, then each rank broadcasts the parameters it updated: 3Ψ on a ring); "paper" is
-# stage 1 as Rajbhandari et al. 2020 define it (§7.2.1: reduce-scatter + all-gather, 2Ψ).
+# stage 1 in the reduce-scatter + all-gather form of Rajbhandari et al. 2020 (2Ψ, as DDP's
+# all-reduce; the paper works this volume out for P_os+g, stage 2, in §7.2.1).
 ZERO1_COMM = ("torch", "paper")
 
 
@@ -92,7 +102,9 @@ class Layout:
 
 @dataclass
 class Plan:
-    """Per-rank bytes (the most loaded rank) and per-step wire bytes by collective."""
+    """Per-rank bytes (the most loaded rank) and per-step wire bytes by collective: ``wire``
+    the sizes of the tensors the collectives carry (:func:`wire_bytes`), ``sent`` the bytes
+    this rank sends for them on rings (:func:`sent_bytes`)."""
 
     params: float
     grads: float
@@ -100,6 +112,7 @@ class Plan:
     activations: float
     wire: dict[str, float] = field(default_factory=dict)
     n_params: int = 0
+    sent: dict[str, float] = field(default_factory=dict)
 
     @property
     def state(self) -> float:
@@ -128,7 +141,8 @@ def tensors(
         [(cfg.max_len if cfg.max_len is not None else cfg.seq_len, d)] if cfg.max_len != 0 else []
     )
     norm = [(d,), (d,)]
-    attn = [(d // tp, d), (d // tp,)] * 3 + [(d, d // tp), (d,)]  # q, k, v by rows; proj by columns
+    # q, k, v column-parallel (rows of the (out, in) weight); proj row-parallel (its columns)
+    attn = [(d // tp, d), (d // tp,)] * 3 + [(d, d // tp), (d,)]
     mlp = [(h // tp, d), (h // tp,), (d, h // tp), (d,)]
     if cfg.n_experts:
         if cfg.n_experts % ep:
@@ -196,7 +210,7 @@ def state_bytes(cfg: Config, lay: Layout, stage: int) -> dict[str, float]:
 def block_activation_values(cfg: Config, lay: Layout, b: int) -> float:
     """Values autograd saves for one block of this implementation for ``b`` sequences of
     one micro-batch, each storage once (as :class:`lab_utils.saved_bytes.SavedBytes`
-    measures them; ``tests/test_planner.py`` checks every form below against it):
+    counts them):
 
     - the two LayerNorms' inputs (2·bsh) and statistics (4·bs), and their outputs (2·bsh),
       which q, k, v and fc1 save as their input;
@@ -205,23 +219,32 @@ def block_activation_values(cfg: Config, lay: Layout, b: int) -> float:
       adds nothing — the attention's log-sum-exp (a·bs), and the MLP's input to GELU and
       to fc2 (2·r·bsh).
 
-    Tensor parallelism splits the second list by ``tp``. Sequence parallelism, by name:
+    The fused attention keeps no s × s scores and the block has no dropout, so this is
+    this implementation's count, not Korthikanti et al.'s sbh·(34 + 5as/h) bytes per layer
+    (Table 2, which keeps the softmax, its dropout mask and output, and two more dropout
+    masks). Tensor parallelism splits the second list by ``tp``. Sequence parallelism,
+    by name:
 
     - ``"torch"`` — what the course runs (Lab 4.7): ``SequenceParallel`` on the
       LayerNorms splits their inputs and statistics by ``tp`` (torch 2.13,
       torch/distributed/tensor/parallel/style.py:339, its input and output ``Shard(1)``);
       the attention and the MLP all-gather their input (``PrepareModuleInput`` to
       ``Replicate()``, style.py:522, a ``redistribute`` autograd records), and q, k, v
-      and fc1 save that gathered input, whole on every rank.
+      and fc1 save that gathered input, whole on every rank. Measured exactly at 2 and 4
+      ranks (``tests/test_planner.py``).
     - ``"megatron"`` — Korthikanti et al. 2022, "Reducing Activation Recomputation in
       Large Transformer Models", §4.2.2: the all-gathered LayerNorm output is not kept
-      but gathered again in backward, so everything is split by ``tp``
-      (their sbh·(34/t + 5as/(ht)) per layer, in this block's terms).
+      but gathered again in backward, so everything is split by ``tp`` (their
+      sbh·(34/t + 5as/(ht)) per layer, in this block's terms). No run of this course
+      does this; the term is the paper's rule applied to this block, not a measurement.
 
     Context parallelism splits the sequence (``s = seq_len / cp``): each rank saves its
-    own chunk's tensors, as a ring whose backward passes K and V around again does. No
-    run of this course measures a context-parallel block (Lab 4.7 meters its ring
-    attention alone), so this term is the one not checked against a measurement."""
+    own chunk's tensors, as a ring attention that keeps only its own K and V and passes
+    them around again in backward does (ring-flash-attention's ``RingFlashAttnFunc``
+    saves q, k, v, out and the log-sum-exp: ring_flash_attn/ring_flash_attn.py:192 at
+    commit 8996282). The course's ring (:mod:`lab_utils.ring_attention`) is not that
+    ring: autograd keeps every K/V block it received and their score weights, more than
+    this counts. No run of this course measures this term."""
     s = cfg.seq_len // lay.cp
     bsh, bs = b * s * cfg.d_model, b * s
     t = lay.tp
@@ -236,12 +259,30 @@ def block_activation_values(cfg: Config, lay: Layout, b: int) -> float:
     return norm_in + norm_out + split / t
 
 
+def block_activation_bytes(cfg: Config, lay: Layout, b: int) -> float:
+    """Bytes one block saves for ``b`` sequences: :func:`block_activation_values` in the
+    activation dtype (``PRECISIONS[lay.precision][0]`` bytes), except the fused
+    attention's log-sum-exp, which is fp32 whatever the dtype (measured on a bf16 block
+    in ``tests/test_planner.py``). The LayerNorm statistics are in the activation dtype
+    as torch's CPU kernel keeps them (measured); its CUDA kernel writes them as the
+    accumulate type, fp32 for bf16 (``RowwiseMomentsCUDAKernel``'s ``T_ACC* mean, rstd``,
+    aten/src/ATen/native/cuda/layer_norm_kernel.cu), 8·bs bytes more per bf16 block."""
+    act = PRECISIONS[lay.precision][0]
+    lse = cfg.n_heads * b * (cfg.seq_len // lay.cp) / lay.tp
+    return act * (block_activation_values(cfg, lay, b) - lse) + 4 * lse
+
+
 def block_input_values(cfg: Config, lay: Layout, b: int) -> float:
     """Values of one block's input for ``b`` sequences: what full recomputation keeps per
     block (split by ``tp`` under either form of sequence parallelism: the residual stream
     between blocks is sharded by sequence)."""
     values = b * (cfg.seq_len // lay.cp) * cfg.d_model
     return values / lay.tp if lay.sp != "none" else values
+
+
+def block_input_bytes(cfg: Config, lay: Layout, b: int) -> float:
+    """Bytes of one block's input (:func:`block_input_values` in the activation dtype)."""
+    return PRECISIONS[lay.precision][0] * block_input_values(cfg, lay, b)
 
 
 def activation_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0, loss: bool = True) -> float:
@@ -258,43 +299,59 @@ def activation_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0, loss: boo
     act = PRECISIONS[lay.precision][0]
     s = cfg.seq_len // lay.cp
     blocks = stage_blocks(cfg.n_layers, lay.pp, stage)
-    per_block = block_activation_values(cfg, lay, b)
+    per_block = block_activation_bytes(cfg, lay, b)
     once = 0.0
     if lay.recompute == "full":
-        kept = block_input_values(cfg, lay, b)
-        values = blocks * kept
+        kept = block_input_bytes(cfg, lay, b)
+        nbytes = blocks * kept
         once = per_block - kept if blocks else 0.0
     else:
-        values = blocks * per_block
+        nbytes = blocks * per_block
     extra = 0.0
     if stage == 0:
         extra += 8 * b * s + 8 * s  # the int64 ids and positions the embedding saves
     if stage == lay.pp - 1:  # final LayerNorm (in, out, stats)
-        values += 2 * b * s * cfg.d_model + 2 * b * s
-        if loss:  # cross-entropy: fp32 log-probabilities (autocast too), int64 targets, a scalar
+        nbytes += act * (2 * b * s * cfg.d_model + 2 * b * s)
+        if loss:  # cross-entropy on fp32 logits (bf16's cast up): log-probabilities, targets
             v = math.ceil(cfg.vocab / lay.tp) if lay.vocab_parallel else cfg.vocab
             extra += 4 * b * s * v + 8 * b * s + 4
     in_flight = min(lay.pp - stage, lay.microbatches)
-    return in_flight * (act * values + extra) + act * once
+    return in_flight * (nbytes + extra) + once
 
 
 # ------------------------------------------------------------------------------ wire
 def wire_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0) -> dict[str, float]:
-    """Bytes of the tensors each collective carries in one step on one rank of ``stage``
-    (the full tensor, as :mod:`lab_utils.traffic` counts; a ring sends about that much, an
-    all-reduce twice): data-parallel gradient sync by ZeRO stage, tensor-parallel
-    all-reduces (4 per block: 2 forward, 2 backward) or, with sequence parallelism, the
-    same bytes as all-gathers and reduce-scatters, pipeline sends between neighbours,
-    and the experts' 4 all-to-alls per layer.
+    """Bytes of the tensors each collective carries in one step on one rank of ``stage``:
+    the full tensor, as :mod:`lab_utils.traffic` counts it (an all-reduce's input, an
+    all-gather's output, a reduce-scatter's input); point-to-point, what this rank sends.
+    :func:`sent_bytes` turns these into bytes each rank sends on a ring.
 
     Data-parallel sync by ZeRO stage: 0 (DDP) all-reduces the gradients; 1 as
     ``lay.zero1_comm`` names it — ``"torch"``, PyTorch's ``ZeroRedundancyOptimizer``
     (what Lab 4.4 runs): the same all-reduce, then a broadcast of each rank's updated
-    parameters (Ψ more, 3Ψ on a ring); ``"paper"``, ZeRO stage 1 as Rajbhandari et al.
-    2020 define it (§7.2.1): a reduce-scatter of the gradients and an all-gather of the
-    updated parameters (2Ψ on a ring, as DDP); 2 the same reduce-scatter + all-gather; 3
-    (FSDP2) all-gathers the parameters in forward and again in backward and
-    reduce-scatters the gradients (3Ψ)."""
+    parameters; ``"paper"``, ZeRO stage 1 in Rajbhandari et al. 2020's reduce-scatter +
+    all-gather form (the paper works out its volume for P_os+g in §7.2.1: 2Ψ on a ring,
+    as DDP); 2 the same reduce-scatter + all-gather; 3 (FSDP2) all-gathers the parameters
+    in forward and again in backward and reduce-scatters the gradients.
+
+    Tensor parallelism, per block and micro-batch, each of a whole (b, s, d) activation:
+    4 all-reduces (2 in forward, their gradients' 2 in backward), or with sequence
+    parallelism 4 all-gathers and 4 reduce-scatters (each all-reduce's two halves);
+    full recomputation runs the forward's collectives again in backward: 6 and 6 + 6
+    (counted on Lab 4.7's block with ``checkpoint(use_reentrant=True)`` in
+    ``tests/test_planner.py``). Megatron's form (``"megatron"``) gathers each LayerNorm
+    output again in backward (Korthikanti et al. 2022, §4.2.2): 2 all-gathers more, the
+    paper's rule, not a measurement.
+
+    Pipeline: this rank sends its activation to the next stage and its input's gradient
+    to the previous one, each a (b, s, d) tensor per micro-batch, split by ``tp`` under
+    sequence parallelism (the residual stream is sharded by sequence). Context
+    parallelism, per block and micro-batch: this rank's K and V chunk goes around the
+    ring cp − 1 times in forward and again in backward (once more with full
+    recomputation), and their gradients cp times in fp32, as ring-flash-attention does
+    (ring_flash_attn/ring_flash_attn.py:28, :99, :150 at commit 8996282; the course's
+    ring, :mod:`lab_utils.ring_attention`, keeps the blocks instead and sends only the
+    gradients back). Experts: 4 all-to-alls per layer (6 with full recomputation)."""
     pb, gb, _ = PRECISIONS[lay.precision]
     act = pb
     shapes = stage_tensors(cfg, lay, stage)
@@ -316,26 +373,59 @@ def wire_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0) -> dict[str, fl
     s = cfg.seq_len // lay.cp
     m = lay.microbatches
     blocks = stage_blocks(cfg.n_layers, lay.pp, stage)
+    full = lay.recompute == "full"
+    bsh = b * s * cfg.d_model * act  # one (b, s, d) activation, whole
     if lay.tp > 1:
-        size = 4 * blocks * m * b * s * cfg.d_model * act
-        if lay.sp != "none":
-            out["all_gather_tp"] = out["reduce_scatter_tp"] = size / 2
+        passes = 6 if full else 4
+        if lay.sp == "none":
+            out["all_reduce_tp"] = passes * blocks * m * bsh
         else:
-            out["all_reduce_tp"] = size
+            regather = 2 if lay.sp == "megatron" else 0
+            out["all_gather_tp"] = (passes + regather) * blocks * m * bsh
+            out["reduce_scatter_tp"] = passes * blocks * m * bsh
     if lay.pp > 1:
-        out["send_recv"] = 2 * m * b * s * cfg.d_model * act  # activations forward, gradients back
-    if lay.cp > 1:  # ring attention: K and V blocks go around the ring, their gradients back
-        out["send_recv_cp"] = 2 * 2 * (lay.cp - 1) * blocks * m * b * s * cfg.d_model * act / lay.tp
+        neighbours = (stage < lay.pp - 1) + (stage > 0)  # activations on, gradients back
+        out["send_recv"] = neighbours * m * bsh / (lay.tp if lay.sp != "none" else 1)
+    if lay.cp > 1:
+        kv = 2 * b * s * cfg.d_model / lay.tp  # this rank's K and V chunk, values
+        kv_passes = (lay.cp - 1) * (3 if full else 2)
+        out["send_recv_cp"] = blocks * m * kv * (kv_passes * act + lay.cp * 4)
     if cfg.n_experts and lay.ep > 1:
         tokens = b * s
         slots = math.ceil(cfg.capacity_factor * tokens * cfg.top_k / cfg.n_experts)
-        out["all_to_all"] = 4 * blocks * m * cfg.n_experts * slots * cfg.d_model * act
+        a2a = 6 if full else 4
+        out["all_to_all"] = a2a * blocks * m * cfg.n_experts * slots * cfg.d_model * act
+    return out
+
+
+# bytes a rank sends per byte of the collective's full tensor, on a ring of n ranks
+RING_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "broadcast": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,  # a rank keeps its own share
+    "send_recv": lambda n: 1.0,  # already what this rank sends
+}
+
+
+def sent_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0) -> dict[str, float]:
+    """Bytes this rank sends in one step for each entry of :func:`wire_bytes`, with ring
+    algorithms: 2(n−1)/n of an all-reduce's size, (n−1)/n of an all-gather's,
+    reduce-scatter's, broadcast's or all-to-all's (:mod:`lab_utils.traffic`, Lab 6.6),
+    n the group it runs in — the tensor ranks for ``*_tp``, the expert ranks for
+    ``all_to_all``, the data ranks otherwise; point-to-point sends as they are."""
+    out = {}
+    for kind, size in wire_bytes(cfg, lay, b, stage).items():
+        base = kind.removesuffix("_tp").removesuffix("_cp")
+        n = lay.tp if kind.endswith("_tp") else lay.ep if kind == "all_to_all" else lay.dp
+        out[kind] = RING_FACTOR[base](n) * size
     return out
 
 
 def plan(cfg: Config, lay: Layout, batch: int) -> Plan:
     """The most loaded rank's bytes for a step of ``batch`` sequences in all (split over
-    the data ranks and the micro-batches), and that rank's wire bytes per step."""
+    the data ranks and the micro-batches), and that rank's wire and sent bytes per step."""
     if (
         lay.zero not in (0, 1, 2, 3)
         or lay.precision not in PRECISIONS
@@ -364,6 +454,7 @@ def plan(cfg: Config, lay: Layout, batch: int) -> Plan:
             activation_bytes(cfg, lay, b, stage),
             wire_bytes(cfg, lay, b, stage),
             count_params(cfg),
+            sent_bytes(cfg, lay, b, stage),
         )
         if best is None or p.total > best.total:
             best = p
@@ -372,10 +463,22 @@ def plan(cfg: Config, lay: Layout, batch: int) -> Plan:
 
 
 def training_days(
-    n_params: float, tokens: float, gpus: int, peak_flops: float, mfu: float
+    n_params: float,
+    tokens: float,
+    gpus: int,
+    peak_flops: float,
+    utilisation: float,
+    recompute: str = "none",
 ) -> float:
-    """Days to train on ``tokens`` at ``mfu`` of ``peak_flops`` per GPU: 6·N·D FLOPs."""
-    return 6 * n_params * tokens / (gpus * peak_flops * mfu) / 86400
+    """Days to train on ``tokens`` with the GPUs running at ``utilisation`` of
+    ``peak_flops``: 6·N·D FLOPs (forward 2, backward 4 per parameter and token), or
+    8·N·D with full recomputation, whose backward runs the forward again. Without
+    recomputation ``utilisation`` is the model FLOPs utilisation (MFU, which counts
+    6·N·D); with it, the hardware's (MFU is then 6/8 of it)."""
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute is one of {RECOMPUTE}, not {recompute!r}")
+    flops = (8 if recompute == "full" else 6) * n_params * tokens
+    return flops / (gpus * peak_flops * utilisation) / 86400
 
 
 GPT3 = Config(vocab=50257, d_model=12288, n_layers=96, n_heads=96, seq_len=2048)
@@ -385,6 +488,7 @@ def table(cfg: Config, lay: Layout, batch: int) -> str:
     """The plan as a few lines of text (GB = 10⁹ bytes)."""
     p = plan(cfg, lay, batch)
     wire = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in p.wire.items()) or "nothing"
+    sent = sum(p.sent.values()) / 1e9
     return (
         f"{lay.world} ranks (dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}, ep {lay.ep}), "
         f"ZeRO-{lay.zero}, {lay.precision}, recompute {lay.recompute}, sequence parallel "
@@ -392,7 +496,8 @@ def table(cfg: Config, lay: Layout, batch: int) -> str:
         f"Ψ = {p.n_params / 1e9:.3g} B\n"
         f"per rank: parameters {p.params / 1e9:.3g} GB, gradients {p.grads / 1e9:.3g} GB, "
         f"optimizer {p.optimizer / 1e9:.3g} GB, activations {p.activations / 1e9:.3g} GB "
-        f"→ {p.total / 1e9:.3g} GB\nwire per step (GB): {wire}"
+        f"→ {p.total / 1e9:.3g} GB\ncollectives' tensors per step (GB): {wire}\n"
+        f"sent by this rank per step on rings: {sent:.3g} GB"
     )
 
 

@@ -20,7 +20,7 @@ import torch
 from conftest import REPO
 from torch.utils.checkpoint import checkpoint
 
-from lab_utils import memory, models, moe, parallel, planner, saved_bytes, text
+from lab_utils import memory, models, moe, parallel, planner, saved_bytes, text, timeline
 from lab_utils.checks import CheckFailed
 from lab_utils.checks import lab4 as checks
 from lab_utils.solutions import lab4 as reference
@@ -69,6 +69,45 @@ def test_activation_bytes_are_exact(b, seq, d, layers):
     y = torch.randint(0, cfg.vocab, (b, seq))  # targets of their own, as in training
     saved = memory.activation_bytes(lambda: parallel.lm_loss(model(x), y), model.parameters())
     assert planner.plan(cfg, planner.Layout(), batch=b).activations == saved
+
+
+@pytest.mark.parametrize("b, seq, d, layers", [(2, 16, 32, 1), (3, 20, 36, 2)])
+def test_bf16_activations_are_exact(b, seq, d, layers):
+    """The planner's bf16 is a bf16 model (its optimizer's fp32 master weights aside): every saved
+    tensor bf16 except the fused attention's log-sum-exp, which stays fp32; the loss on
+    logits cast to fp32. The old count (every value at 2 bytes) fails."""
+    cfg = config(d, layers, seq)
+    model = char_model(cfg).to(torch.bfloat16)
+    x = torch.randint(0, cfg.vocab, (b, seq))
+    y = torch.randint(0, cfg.vocab, (b, seq))
+    meter = saved_bytes.SavedBytes(exclude=model.parameters())
+    with meter:
+        parallel.lm_loss(model(x).float(), y)
+    lay = planner.Layout(precision="bf16")
+    assert planner.plan(cfg, lay, batch=b).activations == meter.bytes
+    lse = 4 * b * seq * 4  # 4 heads' log-sum-exp per block, fp32
+    assert layers * lse == sum(
+        v.nbytes
+        for v in meter.storages.values()
+        if v.dtype == torch.float32 and v.shape == (b, 4, seq)
+    )
+
+
+def test_autocast_saves_more_than_the_bf16_plan():
+    """Autocast (the course's mixed precision) is not the planner's "bf16": it keeps fp32
+    LayerNorm inputs and saves the bf16 copies of the weights it casts (on CPU, this
+    PyTorch), about twice the bf16 plan for this block."""
+    cfg = config(64, 1, 32)
+    block = models.Block(64, 4)
+    h = torch.randn(2, 32, 64, requires_grad=True)
+    meter = saved_bytes.SavedBytes(exclude=block.parameters())
+    with meter, torch.autocast("cpu", dtype=torch.bfloat16):
+        block(h)
+    plan16 = planner.block_activation_bytes(cfg, planner.Layout(precision="bf16"), 2)
+    casts = [v for v in meter.storages.values() if v.shape in ((64, 64), (256, 64), (64, 256))]
+    assert meter.bytes > plan16 and casts and all(v.dtype == torch.bfloat16 for v in casts)
+    fp32_inputs = [v for v in meter.storages.values() if v.shape == (2, 32, 64)]
+    assert fp32_inputs and all(v.dtype == torch.float32 for v in fp32_inputs)  # the norms
 
 
 def test_moe_parameter_count_is_exact():
@@ -198,45 +237,52 @@ def test_vocabulary_split_embedding_and_head_are_exact(fake_measured):
 
 
 # ------------------------------------------------------------------ activations in flight
-def stage_peak(cfg, lay, stage, b, recompute):
-    """The most bytes one pipeline stage holds for backward: the forward of as many
-    micro-batches as 1F1B keeps in flight, their graphs alive, then their backwards.
+def stage_peak(cfg, lay, stage, b, recompute, dtype=torch.float32):
+    """The most bytes one pipeline stage holds for backward, its blocks run in 1F1B's
+    order (forwards and backwards of every micro-batch, the graphs alive in between).
     ``checkpoint(use_reentrant=True)`` recomputes through the meter's hooks."""
-    model = char_model(cfg)
+    model = char_model(cfg).to(dtype)
     blocks = [model.layers[i] for i in model.stage_layers(stage, lay.pp)]
     assert all(isinstance(blk, models.Block) for blk in blocks)  # a middle stage
-    in_flight = min(lay.pp - stage, lay.microbatches)
     params = [q for blk in blocks for q in blk.parameters()]
+    # the order torch's Schedule1F1B runs this stage's blocks in (timeline.schedule_order)
+    order = timeline.schedule_order("1f1b", lay.pp, lay.microbatches, stage)
     with saved_bytes.SavedBytes(exclude=params) as meter:
-        outs = []
-        for _ in range(in_flight):
-            x = torch.randn(b, cfg.seq_len, cfg.d_model, requires_grad=True)  # received
-            for blk in blocks:
-                x = checkpoint(blk, x, use_reentrant=True) if recompute else blk(x)
-            outs.append(x)
-        after_forward = meter.live
-        for out in outs:
-            out.sum().backward()
-        del outs, out, x
+        outs, before_backward = {}, None
+        for kind, i in order:
+            if kind == "F":
+                x = torch.randn(b, cfg.seq_len, cfg.d_model, dtype=dtype, requires_grad=True)
+                for blk in blocks:
+                    x = checkpoint(blk, x, use_reentrant=True) if recompute else blk(x)
+                outs[i] = x
+            else:
+                if before_backward is None:
+                    before_backward = meter.live
+                outs.pop(i).sum().backward()
+        del x
     assert meter.live == 0  # every saved tensor was released by its backward
-    return after_forward, meter.peak
+    return before_backward, meter.peak
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("recompute", ["none", "full"])
-def test_pipeline_stage_in_flight_with_and_without_recomputation(recompute):
-    """Stage 1 of 5 (2 blocks) keeps 4 micro-batches in flight. Without recomputation the
-    peak is 4 × what a micro-batch saves; with full recomputation 4 × the blocks' inputs
-    plus ONE block's working set (the old formula, 4 × (inputs + working set), fails)."""
+def test_pipeline_stage_in_flight_with_and_without_recomputation(recompute, precision):
+    """Stage 1 of 5 (2 blocks) run in 1F1B's order keeps 4 micro-batches in flight.
+    Without recomputation the peak is 4 × what a micro-batch saves; with full
+    recomputation 4 × the blocks' inputs plus ONE block's working set (the old formula,
+    4 × (inputs + working set), fails)."""
     cfg = config(32, 10, 16)
     b, stage = 2, 1
-    lay = planner.Layout(pp=5, microbatches=8, recompute=recompute)
-    after_forward, peak = stage_peak(cfg, lay, stage, b, recompute == "full")
+    lay = planner.Layout(pp=5, microbatches=8, recompute=recompute, precision=precision)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+    before_backward, peak = stage_peak(cfg, lay, stage, b, recompute == "full", dtype)
     assert peak == planner.activation_bytes(cfg, lay, b, stage)
     blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
-    kept = 4 * (blocks * planner.block_input_values(cfg, lay, b) if recompute == "full" else 0)
-    if recompute == "full":
-        assert after_forward == 4 * kept  # 4 micro-batches × their blocks' inputs, fp32
-        assert peak > after_forward  # the recomputed block's working set, during backward
+    if recompute == "full":  # 4 micro-batches × their blocks' inputs
+        assert before_backward == 4 * blocks * planner.block_input_bytes(cfg, lay, b)
+        assert peak > before_backward  # the recomputed block's working set, during backward
+    else:
+        assert before_backward == 4 * blocks * planner.block_activation_bytes(cfg, lay, b)
 
 
 # --------------------------------------------------------- tensor and sequence parallelism
@@ -268,6 +314,21 @@ FAKE_SP = textwrap.dedent("""
         out["torch_full_kept"] = meter.live
         y.sum().backward()
     out["torch_full_peak"] = meter.peak
+    # the collectives of a forward and backward, with and without full recomputation,
+    # counted by the script's own counter (an all-gather by its output, as lab_utils.traffic)
+    for sp in (False, True):
+        block = parallelize_module(models.Block(d, heads), mesh, script.tp_plan(sp))
+        for recompute in ("none", "full"):
+            x = torch.randn(b, s // n if sp else s, d, requires_grad=True)
+            comm = script.CollectiveBytes(n)
+            with comm:
+                y = checkpoint(block, x, use_reentrant=True) if recompute == "full" else block(x)
+                y.sum().backward()
+            out[f"comm {'torch' if sp else 'none'} {recompute}"] = {
+                "counts": comm.counts, "bytes": comm.bytes, "sent": comm.wire_bytes()
+            }
+            # what this rank would send to the next pipeline stage: its block output
+            out[f"output values {'torch' if sp else 'none'}"] = getattr(y, "_local_tensor", y).numel()
     print(json.dumps(out))
 """)
 
@@ -305,6 +366,54 @@ def test_full_recomputation_under_sequence_parallelism_keeps_the_split_input(sp_
     assert measured["torch_full_peak"] == 4 * planner.block_activation_values(cfg, lay, b)
 
 
+@pytest.mark.parametrize("form", ["none", "torch"])
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_tensor_parallel_wire_bytes_are_counted(sp_measured, form, recompute):
+    """One block's forward and backward on Lab 4.7's plans: 4 all-reduces of a whole
+    (b, s, d) activation, or 4 all-gathers and 4 reduce-scatters of one under sequence
+    parallelism; full recomputation (reentrant checkpoint) runs the forward's again: 6.
+    The planner's sizes equal the counted ones, and the bytes a rank sends on rings equal
+    the script's own 2(n−1)/n, (n−1)/n count. (The old planner gave each of the
+    all-gathers and reduce-scatters half of this, and ignored recomputation.)"""
+    n, b, cfg, measured = sp_measured
+    comm = measured[f"comm {form} {recompute}"]
+    lay = planner.Layout(tp=n, sequence_parallel=form, recompute=recompute)
+    passes = 6 if recompute == "full" else 4
+    kinds = ("all_reduce",) if form == "none" else ("all_gather", "reduce_scatter")
+    assert {k: comm["counts"][k] for k in kinds} == dict.fromkeys(kinds, passes)
+    wire = planner.wire_bytes(cfg, lay, b)
+    assert wire == {f"{k}_tp": comm["bytes"][k] for k in kinds}
+    assert sum(planner.sent_bytes(cfg, lay, b).values()) == pytest.approx(comm["sent"], rel=1e-12)
+
+
+def test_pipeline_sends_the_rank_s_share_of_the_residual_stream(sp_measured):
+    """Between pipeline stages a rank sends its block output: whole without sequence
+    parallelism, its 1/tp share of the sequence with it (the old planner sent the whole
+    tensor in both cases). A middle stage also sends a gradient back."""
+    n, b, cfg, measured = sp_measured
+    for form in ("none", "torch"):
+        lay = planner.Layout(tp=n, pp=3, microbatches=5, sequence_parallel=form)
+        out = 4 * measured[f"output values {form}"]  # fp32
+        assert planner.wire_bytes(cfg, lay, b, stage=0)["send_recv"] == 5 * out
+        assert planner.wire_bytes(cfg, lay, b, stage=1)["send_recv"] == 2 * 5 * out
+
+
+def test_megatron_sequence_parallel_regathers_in_backward():
+    """Korthikanti et al. 2022, §4.2.2: Megatron keeps the LayerNorm outputs split and
+    all-gathers them again in backward, 2 more per block than torch's form (the paper's
+    rule; no run of the course does it)."""
+    cfg = config(32, 1, 16)
+    for recompute in ("none", "full"):
+        lays = {
+            f: planner.Layout(tp=2, sequence_parallel=f, recompute=recompute)
+            for f in ("torch", "megatron")
+        }
+        torch_wire, megatron = (planner.wire_bytes(cfg, lays[f], 2) for f in lays)
+        bsh = 2 * 16 * 32 * 4
+        assert megatron["all_gather_tp"] - torch_wire["all_gather_tp"] == 2 * bsh
+        assert megatron["reduce_scatter_tp"] == torch_wire["reduce_scatter_tp"]
+
+
 def test_megatron_sequence_parallel_is_not_what_torch_keeps(sp_measured):
     """torch keeps the all-gathered inputs of q/k/v and fc1 whole on every rank; Megatron
     (Korthikanti et al. 2022, §4.2.2) keeps them split, so it plans less than torch saves."""
@@ -338,7 +447,8 @@ def test_gpt3_recomputation_counts_one_working_set():
     ):
         lay = planner.Layout(**base, sequence_parallel=sp)
         ids = 16 * (8 * 3 * 2048 + 8 * 2048)  # int64 ids and positions, per micro-batch
-        want = 2 * (16 * 6 * kept + work) + ids
+        lse = 2 * 96 * bs / 8  # the log-sum-exp is fp32: 2 bytes more per value than bf16
+        want = 2 * (16 * 6 * kept + work) + ids + lse
         assert planner.activation_bytes(planner.GPT3, lay, 3, stage=0) == pytest.approx(want)
     full = planner.plan(planner.GPT3, planner.Layout(**base), batch=1536)
     sp = planner.plan(planner.GPT3, planner.Layout(**base, sequence_parallel="megatron"), 1536)
@@ -354,6 +464,9 @@ def test_gpt3_layout_fits_and_training_time():
     assert planner.training_days(175e9, 300e9, 1024, 1e15, 0.5) == pytest.approx(
         6 * 175e9 * 300e9 / (1024 * 1e15 * 0.5) / 86400
     )
+    # full recomputation runs the forward (2·N·D) again: 8·N·D at the same utilisation
+    full = planner.training_days(175e9, 300e9, 1024, 1e15, 0.5, recompute="full")
+    assert full == pytest.approx(planner.training_days(175e9, 300e9, 1024, 1e15, 0.5) * 8 / 6)
     with pytest.raises(ValueError):
         planner.plan(planner.GPT3, planner.Layout(tp=5), batch=8)
 
@@ -369,19 +482,21 @@ def test_stage_activation_reference_passes_and_is_the_planners_term():
         )
 
 
-def _wrong(in_flight=None, recompute=True, per_mb_working=False, with_input=False, act=True):
+def _wrong(in_flight=None, recompute=True, per_mb_working=False, with_input=False, act=False):
     def fn(cfg, lay, b, stage):
-        nbytes = planner.PRECISIONS[lay.precision][0] if act else 1
         blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
-        per_block = planner.block_activation_values(cfg, lay, b)
-        kept = planner.block_input_values(cfg, lay, b)
+        per_block = planner.block_activation_bytes(cfg, lay, b)
+        kept = planner.block_input_bytes(cfg, lay, b)
+        if act:  # the old given: values times the activation's bytes, the fp32 lse at 2 bytes
+            nbytes = planner.PRECISIONS[lay.precision][0]
+            per_block = nbytes * planner.block_activation_values(cfg, lay, b)
         k = (in_flight or (lambda lay, s: min(lay.pp - s, lay.microbatches)))(lay, stage)
         if lay.recompute != "full" or not recompute:
-            return nbytes * k * blocks * per_block
+            return k * blocks * per_block
         working = per_block if with_input else per_block - kept
         if per_mb_working:
-            return nbytes * k * (blocks * kept + working)
-        return nbytes * (k * blocks * kept + working)
+            return k * (blocks * kept + working)
+        return k * blocks * kept + working
 
     return fn
 
@@ -395,7 +510,7 @@ def _wrong(in_flight=None, recompute=True, per_mb_working=False, with_input=Fals
         (_wrong(in_flight=lambda lay, s: lay.microbatches), "GPipe"),
         (_wrong(in_flight=lambda lay, s: lay.pp - s), "fewer micro-batches"),
         (_wrong(in_flight=lambda lay, s: min(lay.pp, lay.microbatches)), "pp − stage"),
-        (_wrong(act=False), "values are not bytes"),
+        (_wrong(act=True), "GPT-3.*expected"),
     ],
     ids=[
         "working set per micro-batch",
@@ -404,7 +519,7 @@ def _wrong(in_flight=None, recompute=True, per_mb_working=False, with_input=Fals
         "every micro-batch in flight",
         "no min with the micro-batches",
         "pp in flight on every stage",
-        "values, not bytes",
+        "bf16 log-sum-exp",
     ],
 )
 def test_stage_activation_check_names_the_mistake(fn, hint):
@@ -414,8 +529,9 @@ def test_stage_activation_check_names_the_mistake(fn, hint):
 
 def test_zero1_wire_names_whose_zero1():
     """ZeroRedundancyOptimizer (the default, what Lab 4.4 measures exactly in notebook 10):
-    all-reduce + broadcast, 3Ψ on a ring; the ZeRO paper's stage 1 (§7.2.1): reduce-scatter
-    + all-gather, 2Ψ, the same collectives and bytes as its stage 2."""
+    all-reduce + broadcast, 3Ψ on a ring; the ZeRO paper's stage 1 in its reduce-scatter +
+    all-gather form, 2Ψ (the volume the paper works out for stage 2 in §7.2.1), the same
+    collectives and bytes as its stage 2."""
     cfg = config(32, 2, 16)
     psi = planner.count_params(cfg)
     torch_zero1 = planner.wire_bytes(cfg, planner.Layout(dp=4, zero=1), 2)

@@ -706,17 +706,16 @@ def _activation_mistake(got: float, cfg, lay, b: int, stage: int) -> str:
     """The likely mistake behind a wrong peak: each one's value, computed here."""
     from lab_utils import planner
 
-    act = planner.PRECISIONS[lay.precision][0]
     blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
-    per_block = planner.block_activation_values(cfg, lay, b)
-    kept = planner.block_input_values(cfg, lay, b)
+    per_block = planner.block_activation_bytes(cfg, lay, b)
+    kept = planner.block_input_bytes(cfg, lay, b)
     k = min(lay.pp - stage, lay.microbatches)
     full = lay.recompute == "full"
 
     def peak(n: int) -> float:
         if full:
-            return act * (n * blocks * kept + per_block - kept)
-        return act * n * blocks * per_block
+            return n * blocks * kept + per_block - kept
+        return n * blocks * per_block
 
     candidates = [
         (
@@ -732,26 +731,25 @@ def _activation_mistake(got: float, cfg, lay, b: int, stage: int) -> str:
             peak(min(lay.pp, lay.microbatches)),
             "later stages start fewer micro-batches before their first backward: pp − stage",
         ),
-        (peak(k) / act, "values are not bytes: times PRECISIONS[lay.precision][0]"),
     ]
     if full:
         candidates = [
             (
-                act * k * (blocks * kept + per_block - kept),
+                k * (blocks * kept + per_block - kept),
                 "the recomputed block's working set is there once, not per micro-batch: the "
                 "backward runs one block again at a time and frees what it saved",
             ),
             (
-                act * (k * blocks * kept + per_block),
+                k * blocks * kept + per_block,
                 "the recomputed block's input is the one already kept: add what the block "
                 "saves less its input",
             ),
             (
-                act * k * blocks * kept,
+                k * blocks * kept,
                 "the backward runs a checkpointed block again, and it saves its tensors "
                 "then: add one block's working set",
             ),
-            (act * k * blocks * per_block, "with full recomputation a block keeps only its input"),
+            (k * blocks * per_block, "with full recomputation a block keeps only its input"),
             *candidates,
         ]
     for value, hint in candidates:
@@ -760,7 +758,7 @@ def _activation_mistake(got: float, cfg, lay, b: int, stage: int) -> str:
     return (
         "in flight = min(pp − stage, microbatches); without recomputation every block's "
         "saved values per micro-batch in flight; with it, the blocks' inputs per micro-batch "
-        "and one block's working set once; times the bytes of an activation"
+        "and one block's working set once"
     )
 
 

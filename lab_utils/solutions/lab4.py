@@ -175,15 +175,14 @@ def stage_activation_bytes(cfg, lay, b: int, stage: int) -> float:
     already kept) is added once, not per micro-batch."""
     from lab_utils import planner
 
-    act = planner.PRECISIONS[lay.precision][0]
     blocks = planner.stage_blocks(cfg.n_layers, lay.pp, stage)
-    per_block = planner.block_activation_values(cfg, lay, b)
+    per_block = planner.block_activation_bytes(cfg, lay, b)
     in_flight = min(lay.pp - stage, lay.microbatches)
     if lay.recompute != "full":
-        return act * in_flight * blocks * per_block
-    kept = planner.block_input_values(cfg, lay, b)
+        return in_flight * blocks * per_block
+    kept = planner.block_input_bytes(cfg, lay, b)
     working = per_block - kept if blocks else 0.0
-    return act * (in_flight * blocks * kept + working)
+    return in_flight * blocks * kept + working
 
 
 def pieces_to_read(rows: int, saved_ranks: int, rank: int, ranks: int) -> list[tuple[int, ...]]:
