@@ -210,10 +210,10 @@ def test_fp16_gradients_check_fails_without_the_loss_scale():
         checks.check_fp16_gradients(lambda g, s: (g * s).bfloat16().float() / s)
 
 
-def test_fp16_flushes_at_2_to_the_minus_25_and_the_figure_marks_it_there():
+def test_fp16_rounds_to_zero_up_to_2_to_the_minus_25_and_the_figure_marks_it_there():
     """A cast to fp16 rounds to nearest, ties to even: 2⁻²⁵ (half of the smallest
-    subnormal 2⁻²⁴) goes to 0, anything above it to 2⁻²⁴. The figure's flush line sits
-    where torch's cast flushes (the old -24 marked a value fp16 keeps)."""
+    subnormal 2⁻²⁴) goes to 0, anything above it to 2⁻²⁴. The figure's underflow line sits
+    where torch's cast starts to round to zero (the old -24 marked a value fp16 keeps)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,10 +227,10 @@ def test_fp16_flushes_at_2_to_the_minus_25_and_the_figure_marks_it_there():
     assert float(above.half()) == 2.0**-24
     assert float(torch.tensor(2.0**-24).half()) == 2.0**-24
     ax = plots.gradient_magnitudes(torch.logspace(-30, -1, 50, base=2.0).numpy(), scale=2.0**10)
-    flush = min(line.get_xdata()[0] for line in ax.lines)  # the left of the two red lines
+    underflow = min(line.get_xdata()[0] for line in ax.lines)  # the left of the two red lines
     plt.close(ax.figure)
-    edge = torch.tensor(2.0**flush)
-    assert float(edge.half()) == 0.0  # the line's value is flushed ...
+    edge = torch.tensor(2.0**underflow)
+    assert float(edge.half()) == 0.0  # the line's value rounds to zero ...
     assert float(torch.nextafter(edge, torch.tensor(1.0)).half()) != 0.0  # ... the next is not
 
 

@@ -6,8 +6,9 @@ and the next part still runs.
 
 - ``bf16``: a few training steps of the Lab 4/6 ``char_transformer`` under
   ``torch.autocast(dtype=bfloat16)``: the dtype autocast gave the logits, the losses.
-- ``fp16_scaler``: fp16 autocast with ``torch.amp.GradScaler`` (the branch that runs
-  only on CUDA): the scale, the steps it skipped, the losses.
+- ``fp16_scaler``: fp16 autocast with ``torch.amp.GradScaler("cuda")`` (notebook 2 runs
+  the same lesson on a CPU with ``GradScaler("cpu")``; this part is CUDA's kernels): the
+  scale, the steps it skipped, the losses.
 - ``recompute_memory``: the forward's peak ``torch.cuda.max_memory_allocated`` above the
   model's own memory, without and with recomputation, against ``saved_bytes``' count
   of the bytes saved for backward. Asserted (counts, not times): the peak holds at
@@ -100,7 +101,9 @@ def part_bf16(s: dict[str, int], dev: torch.device, out: Path) -> dict[str, Any]
 
 def part_fp16_scaler(s: dict[str, int], dev: torch.device, out: Path) -> dict[str, Any]:
     if dev.type != "cuda":
-        raise Skipped(f"{NO_CUDA}: fp16 with GradScaler is the GPU lesson (Lab 6.2)")
+        raise Skipped(
+            f"{NO_CUDA}: this part checks CUDA's fp16 kernels (Lab 6.2 runs GradScaler on a CPU)"
+        )
     model = build(s, dev)
     x, y = batch(s, dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

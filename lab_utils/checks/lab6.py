@@ -282,6 +282,61 @@ def reference_in(grads: torch.Tensor, scale: float, dtype: torch.dtype) -> torch
     return (grads * scale).to(dtype).to(torch.float32) / scale
 
 
+# fp16's limits at the small end, as torch's cast rounds (to nearest, ties to even; the tests
+# run torch's own cast at each): the smallest positive fp16 value is the subnormal 2⁻²⁴;
+# |x| ≤ 2⁻²⁵ rounds to 0 (exactly 2⁻²⁵ is a tie, and 0 is the even neighbour), 2⁻²⁵ < |x| <
+# 2⁻²⁴ rounds up to 2⁻²⁴; below the smallest normal value, 2⁻¹⁴, precision shrinks gradually.
+FP16_SMALLEST_SUBNORMAL = 2.0**-24
+FP16_SMALLEST_NORMAL = 2.0**-14
+
+
+def _largest_relative_difference(got: torch.Tensor, want: torch.Tensor) -> float | None:
+    """max |got − want| / |want| over the elements non-zero in both (None if there are
+    none): relative, so that the many tiny gradients do not hide behind the large ones."""
+    both = (got != 0) & (want != 0)
+    if not both.any():
+        return None
+    return float(((got[both] - want[both]).abs() / want[both].abs()).max())
+
+
+def _fp16_rounding_mistake(got: torch.Tensor, grads: torch.Tensor, scale: float) -> str | None:
+    """Name the mistake of a hand-made fp16 underflow (a threshold instead of the cast's
+    rounding), from where ``got`` has zeros the cast does not make; None if not that."""
+    scaled = (grads * scale).abs()  # what the cast sees, in fp32 as the reference computes it
+    want = reference.fp16_gradients(grads, scale)
+    wrong_zero = (got == 0) & (want != 0)
+    both = (got != 0) & (want != 0)
+    rounding = (  # were the values both keep rounded to fp16's bits?
+        ""
+        if torch.equal(got[both], want[both])
+        else "the cast rounds every value it keeps to fp16's 11 significant bits (fewer "
+        "below 2⁻¹⁴), not only the tiny ones to zero: let `.to(torch.float16)` do the rounding"
+    )
+    if not wrong_zero.any():
+        # the zeros may be right and the values kept not rounded at all
+        unrounded = torch.equal(got[both], grads[both]) and ((got == 0) == (want == 0)).all()
+        return f"your zeros are right, but {rounding}" if rounding and unrounded else None
+    rounding = f"; and {rounding}" if rounding else ""
+    # every wrong zero lies in the band (2⁻²⁵, 2⁻²⁴], and none of that band survived
+    band = (scaled > FP16_SMALLEST_SUBNORMAL / 2) & (scaled <= FP16_SMALLEST_SUBNORMAL)
+    if not (wrong_zero & ~band).any() and not (band & (got != 0)).any():
+        return (
+            f"{int(wrong_zero.sum())} scaled gradients between 2⁻²⁵ and 2⁻²⁴ are 0 in your "
+            "result: 2⁻²⁴ is fp16's smallest positive value, not its underflow threshold. A "
+            "cast to fp16 rounds to the nearest value it can hold, so |x| in (2⁻²⁵, 2⁻²⁴) "
+            "rounds up to 2⁻²⁴; only |x| ≤ 2⁻²⁵ (half of it; the tie at exactly 2⁻²⁵ goes "
+            "to the even neighbour, 0) rounds to zero" + rounding
+        )
+    below_normal = (scaled > FP16_SMALLEST_SUBNORMAL / 2) & (scaled < FP16_SMALLEST_NORMAL)
+    if not (wrong_zero & ~below_normal).any() and wrong_zero.sum() > band.sum():
+        return (
+            "values below fp16's smallest normal value 2⁻¹⁴ are 0 in your result: fp16 has "
+            "subnormals down to 2⁻²⁴ (gradual underflow, not flush-to-zero), so only "
+            "|x| ≤ 2⁻²⁵ rounds to zero" + rounding
+        )
+    return None
+
+
 def check_fp16_gradients(fn: Callable) -> None:
     """Equal to scale → fp16 → fp32 → unscale, element by element, for three scales."""
     grads = _log_uniform_grads()
@@ -292,37 +347,49 @@ def check_fp16_gradients(fn: Callable) -> None:
             fail("fp16_gradients", f"returned {type(got).__name__}", "return a tensor like grads")
         if torch.equal(got.float(), want):
             continue
+        got = got.float()
         zeros, want_zeros = int((got == 0).sum()), int((want == 0).sum())
         unscaled = reference.fp16_gradients(grads, 1.0)
-        if scale != 1.0 and torch.equal(got.float(), unscaled):
+        if scale != 1.0 and torch.equal(got, unscaled):
             hint = (
                 "the loss scale is missing: multiply by the scale before the cast to fp16 "
                 "(so small values stay representable) and divide after"
             )
-        elif torch.equal(got.float(), want * scale):
+        elif torch.equal(got, want * scale):
             hint = "unscale: divide by the scale after casting back to fp32"
-        elif torch.equal(got.float(), ((grads * scale).half() / scale).float()):
+        elif torch.equal(got, ((grads * scale).half() / scale).float()):
             hint = (
-                "unscale in fp32: dividing while still in fp16 flushes the small values "
-                "to zero again"
+                "unscale in fp32: dividing while still in fp16 rounds the small values "
+                "to zero again (they underflow)"
             )
-        elif torch.equal(got.float(), reference_in(grads, scale, torch.bfloat16)):
+        elif torch.equal(got, reference_in(grads, scale, torch.bfloat16)):
             hint = (
                 "the gradients are stored in float16 here; bfloat16 has fp32's exponent "
-                "range, so it would not flush them"
+                "range, so they would not underflow in it"
             )
         else:
-            hint = (
+            hint = _fp16_rounding_mistake(got, grads, scale) or (
                 "the values the optimizer sees: what fp16 can store of the gradients a "
-                "loss scaled by `scale` gives, brought back to fp32 and to their true size"
+                "loss scaled by `scale` gives, brought back to fp32 and to their true size. "
+                "fp16 rounds to 11 significant bits (a relative difference of up to 2⁻¹¹ ≈ "
+                "4.9e-04 in its normal range, more below 2⁻¹⁴), |x| ≤ 2⁻²⁵ to 0 and |x| ≥ "
+                "65520 to inf"
             )
+        rel = _largest_relative_difference(got, want)
         fail(
             "fp16_gradients",
             f"scale {scale:g}: {zeros} of {grads.numel()} gradients are zero "
-            f"in your result, {want_zeros} with scaling done right",
+            f"in your result, {want_zeros} with scaling done right; where both are non-zero, "
+            + (
+                "no element is non-zero in both"
+                if rel is None
+                else "they agree"
+                if rel == 0
+                else f"the largest relative difference is {rel:.2e}"
+            ),
             hint,
         )
-    passed("fp16_gradients: scaling keeps the gradients fp16 alone would flush to zero")
+    passed("fp16_gradients: scaling keeps the gradients fp16 alone would round to zero")
 
 
 def block_saved_bytes(seq_len: int, batch: int, d_model: int, n_heads: int) -> int:

@@ -48,9 +48,9 @@ def roofline(
     return ax
 
 
-# log2 of the largest magnitude a cast to fp16 rounds to zero: half of the smallest
-# subnormal 2⁻²⁴ (= 2⁻¹⁴ · 2⁻¹⁰), where round-to-nearest-even picks 0 over 2⁻²⁴.
-FP16_FLUSH_LOG2 = -25
+# log2 of the largest magnitude a cast to fp16 rounds to zero (underflows): half of the
+# smallest subnormal 2⁻²⁴ (= 2⁻¹⁴ · 2⁻¹⁰), where round-to-nearest-even picks 0 over 2⁻²⁴.
+FP16_UNDERFLOW_LOG2 = -25
 
 
 def gradient_magnitudes(
@@ -59,7 +59,7 @@ def gradient_magnitudes(
     """Histogram of log2|g| of the non-zero gradients, before and after the loss scale,
     with fp16's limits marked: a cast to fp16 rounds |g| ≤ 2⁻²⁵ (half the smallest
     subnormal, 2⁻²⁴; the tie at 2⁻²⁵ goes to the even neighbour, 0) to zero, and
-    anything above its largest value (65504) to inf."""
+    |g| ≥ 65520 (its largest value 65504 plus half a step there) to inf."""
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 3.5))
     g = np.abs(np.asarray(grads, dtype=np.float64))
@@ -67,22 +67,72 @@ def gradient_magnitudes(
     bins = np.arange(np.floor(np.log2(g.min())) - 1, np.ceil(np.log2(g.max() * scale)) + 2)
     ax.hist(np.log2(g), bins=bins, alpha=0.6, label="fp32 gradients")
     ax.hist(np.log2(g * scale), bins=bins, alpha=0.6, label=f"× scale 2^{np.log2(scale):.0f}")
-    ax.axvline(FP16_FLUSH_LOG2, color="tab:red", ls="--", lw=1)
+    ax.axvline(FP16_UNDERFLOW_LOG2, color="tab:red", ls="--", lw=1)
     ax.axvline(np.log2(65504), color="tab:red", ls="--", lw=1)
     ax.annotate(
         "fp16: |g| ≤ 2⁻²⁵ → 0",
-        (FP16_FLUSH_LOG2, 1),
+        (FP16_UNDERFLOW_LOG2, 1),
         textcoords="offset points",
         xytext=(-105, 4),
         fontsize=8,
         color="tab:red",
+        bbox={"fc": "white", "ec": "none", "alpha": 0.8},
     )
-    ax.set_yscale("log")  # the few elements fp16 flushes sit in the tail
+    ax.annotate(
+        "65504, fp16's largest:\n|g| ≥ 65520 → inf",
+        (np.log2(65504), 1),
+        textcoords="offset points",
+        xytext=(-95, 4),
+        fontsize=8,
+        color="tab:red",
+        bbox={"fc": "white", "ec": "none", "alpha": 0.8},  # it lies over the scaled bars
+    )
+    ax.set_yscale("log")  # the few elements fp16 rounds to zero sit in the tail
     ax.set_xlabel("log2 |gradient|")
     ax.set_ylabel("elements (log scale)")
     ax.set_title(title or "gradient magnitudes against fp16's range", fontsize=10)
     ax.legend(fontsize=8)
     return ax
+
+
+def precision_losses(
+    losses: Mapping[str, Sequence[float]], *, reference: str = "fp32", title: str = ""
+) -> plt.Figure:
+    """Training losses of runs in several precisions over the same steps, ``reference``
+    drawn last (black, dashed) so that a curve it lies on stays visible, and below them
+    each other run's loss minus the reference's, step by step: what coincides to the eye
+    in the upper panel is resolved in the lower one."""
+    fig, (ax, diff) = plt.subplots(
+        2, 1, figsize=(7, 5), sharex=True, gridspec_kw={"height_ratios": (2, 1)}
+    )
+    ref = np.asarray(losses[reference], dtype=float)
+    steps = np.arange(1, len(ref) + 1)
+    marker = "o" if len(ref) < 30 else None
+    others = [(name, values) for name, values in losses.items() if name != reference]
+    for i, (name, values) in enumerate(others):
+        color = f"C{i + 1}"
+        ax.plot(steps, values, color=color, lw=4, alpha=0.5, label=name)
+        diff.plot(
+            steps,
+            np.asarray(values, dtype=float) - ref,
+            color=color,
+            marker=marker,
+            label=f"{name} − {reference}",
+        )
+    ax.plot(steps, ref, color="black", ls="--", lw=1.5, marker=marker, ms=3, label=reference)
+    diff.axhline(0.0, color="black", ls="--", lw=1)
+    ax.set_ylabel("training loss")
+    ax.set_title(title or "training loss by precision", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    diff.set_xlabel("step")
+    diff.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    diff.set_ylabel(f"loss − {reference} loss")
+    diff.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))  # differences are small
+    diff.grid(True, alpha=0.3)
+    diff.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
 
 
 def accumulation(

@@ -64,8 +64,9 @@ def matmul_roofline(
 
 
 def fp16_gradients(grads: torch.Tensor, scale: float) -> torch.Tensor:
-    """What fp16 keeps of fp32 gradients under loss scaling: scale, cast to fp16 (where
-    tiny values flush to zero), then back to fp32 and unscale."""
+    """What fp16 keeps of fp32 gradients under loss scaling: scale, cast to fp16 (which
+    rounds to 11 significant bits and |x| ≤ 2⁻²⁵ to zero: tiny values underflow), then back
+    to fp32 and unscale."""
     return (grads * scale).to(torch.float16).to(torch.float32) / scale
 
 
