@@ -12,10 +12,10 @@ q, k, v and fc1 — the output features split, i.e. the rows of ``nn.Linear``'s
 ``(out, in)`` weight — and row-parallel proj and fc2, the input features split; the norms
 whole, and the token embedding and the output head whole on every tensor rank as this
 course's ``tp_plan`` leaves them, or with ``vocab_parallel=True`` split by vocabulary into
-``ceil(vocab / tp)`` rows, as torch's ``Shard(0)`` cuts them; Megatron-LM first pads the
-vocabulary to a multiple of 128·tp, ``_vocab_size_with_padding``, which is not planned),
-pipeline (``pp``, blocks cut evenly,
-the embedding on the first stage, the head on the last), context (``cp``, the sequence)
+``ceil(vocab / tp)`` rows, as torch's ``Shard(0)`` cuts them; ``pad_vocab=128`` first pads
+the vocabulary as Megatron-LM does, :func:`padded_vocab`), pipeline (``pp``, blocks cut
+evenly, the embedding on the first stage, the head on the last), context (``cp``, the
+sequence, attended by the course's ring attention, :func:`ring_attention_saved`)
 and experts (``ep``) — with a ZeRO stage over the data ranks, a precision, a
 recomputation policy and a form of sequence parallelism (:data:`SEQUENCE_PARALLEL`).
 The state bytes come from :func:`lab_utils.memory.zero_bytes_per_rank` (the ZeRO
@@ -53,6 +53,9 @@ SEQUENCE_PARALLEL = ("none", "torch", "megatron")
 # stage 1 in the reduce-scatter + all-gather form of Rajbhandari et al. 2020 (2Ψ, as DDP's
 # all-reduce; the paper works this volume out for P_os+g, stage 2, in §7.2.1).
 ZERO1_COMM = ("torch", "paper")
+# Context parallelism's split of the sequence, as lab_utils.ring_attention names them:
+# one contiguous chunk per rank, or the load-balanced zig-zag pair of chunks.
+CP_LAYOUTS = ("contiguous", "zigzag")
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,10 @@ class Layout:
     microbatches: int = 1  # per step (pipeline micro-batches or gradient accumulation)
     vocab_parallel: bool = False  # token embedding and output head split by vocabulary over tp
     zero1_comm: str = "torch"  # ZERO1_COMM: whose ZeRO-1 the wire bytes count
+    cp_layout: str = "contiguous"  # CP_LAYOUTS: how the sequence is cut over the cp ranks
+    # pad the vocabulary to a multiple of pad_vocab × tp as Megatron-LM does (its
+    # --make-vocab-size-divisible-by, 128 by default there); 0: no padding (padded_vocab)
+    pad_vocab: int = 0
 
     @property
     def sp(self) -> str:
@@ -124,16 +131,34 @@ class Plan:
 
 
 # ------------------------------------------------------------------------- parameters
+def padded_vocab(vocab: int, tp: int, pad_vocab: int) -> int:
+    """Rows of the token embedding and the output head: ``vocab``, or with ``pad_vocab``
+    the next multiple of ``pad_vocab × tp``, as Megatron-LM pads it so that every tensor
+    rank holds the same number of rows, a multiple of ``pad_vocab`` ("Pad vocab size so it
+    is divisible by model parallel size and still having GPU friendly size":
+    ``vocab_size_with_padding``, megatron/core/tokenizers/utils/build_tokenizer.py:133 at
+    NVIDIA/Megatron-LM commit d98e8a6, formerly ``_vocab_size_with_padding``,
+    megatron/training/tokenizer/tokenizer.py:65 at commit def3b9c;
+    ``--make-vocab-size-divisible-by`` defaults to 128, megatron/training/arguments.py:2441
+    at d98e8a6). GPT-3's 50,257 at tp 8: 51,200, 6,400 rows per rank."""
+    if not pad_vocab:
+        return vocab
+    multiple = pad_vocab * tp
+    return math.ceil(vocab / multiple) * multiple
+
+
 def tensors(
-    cfg: Config, tp: int = 1, ep: int = 1, vocab_parallel: bool = False
+    cfg: Config, tp: int = 1, ep: int = 1, vocab_parallel: bool = False, pad_vocab: int = 0
 ) -> dict[str, list[tuple[int, ...]]]:
     """Shapes of the tensors one rank of a ``tp``-way tensor and ``ep``-way expert split
     holds, by part: ``embed``, ``block`` (one block), ``head``. The token embedding and
     the output head are whole on every tensor rank, or with ``vocab_parallel`` cut by
     vocabulary into ``tp`` pieces (rank 0's, the largest, ``ceil(vocab / tp)`` rows: how
-    ``Shard(0)`` cuts them); the position embedding stays whole."""
+    ``Shard(0)`` cuts them); with ``pad_vocab`` the vocabulary is padded first
+    (:func:`padded_vocab`); the position embedding stays whole."""
     d, h = cfg.d_model, cfg.mlp_ratio * cfg.d_model
-    v = math.ceil(cfg.vocab / tp) if vocab_parallel else cfg.vocab
+    vocab = padded_vocab(cfg.vocab, tp, pad_vocab)
+    v = math.ceil(vocab / tp) if vocab_parallel else vocab
     for what, n in (("d_model", d), ("n_heads", cfg.n_heads), ("mlp width", h)):
         if n % tp:
             raise ValueError(f"tp={tp} does not divide {what} = {n}")
@@ -171,7 +196,7 @@ def stage_blocks(n_layers: int, pp: int, stage: int) -> int:
 
 def stage_tensors(cfg: Config, lay: Layout, stage: int) -> list[tuple[int, ...]]:
     """The tensor shapes one rank of pipeline stage ``stage`` holds before ZeRO/FSDP."""
-    t = tensors(cfg, lay.tp, lay.ep, lay.vocab_parallel)
+    t = tensors(cfg, lay.tp, lay.ep, lay.vocab_parallel, lay.pad_vocab)
     out = t["block"] * stage_blocks(cfg.n_layers, lay.pp, stage)
     if stage == 0:
         out = t["embed"] + out
@@ -238,19 +263,21 @@ def block_activation_values(cfg: Config, lay: Layout, b: int) -> float:
       sbh·(34/t + 5as/(ht)) per layer, in this block's terms). No run of this course
       does this; the term is the paper's rule applied to this block, not a measurement.
 
-    Context parallelism splits the sequence (``s = seq_len / cp``): each rank saves its
-    own chunk's tensors, as a ring attention that keeps only its own K and V and passes
-    them around again in backward does (ring-flash-attention's ``RingFlashAttnFunc``
-    saves q, k, v, out and the log-sum-exp: ring_flash_attn/ring_flash_attn.py:192 at
-    commit 8996282). The course's ring (:mod:`lab_utils.ring_attention`) is not that
-    ring: autograd keeps every K/V block it received and their score weights, more than
-    this counts. No run of this course measures this term."""
+    Context parallelism splits the sequence (``s = seq_len / cp``) and attends with the
+    course's ring attention (Lab 4.7) in place of the fused kernel: the block's other
+    tensors are its own chunk's, the attention core saves what
+    :func:`ring_attention_saved` counts on the busiest rank (the K/V blocks it received,
+    the scores of every block it attends to), and the projection's input is a copy of the
+    ring's output. Measured exactly on Lab 4.7's ring at 2 and 4 ranks, both layouts
+    (``tests/test_planner_cp.py``)."""
     s = cfg.seq_len // lay.cp
     bsh, bs = b * s * cfg.d_model, b * s
     t = lay.tp
     norm_in = 2 * bsh + 4 * bs  # LayerNorm inputs and their mean and 1/std
     norm_out = 2 * bsh  # the inputs of q, k, v and of fc1
     split = (4 + 2 * cfg.mlp_ratio) * bsh + cfg.n_heads * bs
+    if lay.cp > 1:  # the ring's core, and the projection's input (a copy of its output)
+        split = (1 + 2 * cfg.mlp_ratio) * bsh + ring_attention_saved(cfg, lay, b)[0]
     sp = lay.sp
     if sp == "torch":
         return norm_in / t + norm_out + split / t
@@ -259,16 +286,63 @@ def block_activation_values(cfg: Config, lay: Layout, b: int) -> float:
     return norm_in + norm_out + split / t
 
 
+def ring_attention_saved(cfg: Config, lay: Layout, b: int) -> tuple[float, int]:
+    """What the course's ring attention (:mod:`lab_utils.ring_attention`: the contiguous
+    ``ring_attention`` of Lab 4.7's exercise or ``zigzag_ring_attention``, by
+    ``lay.cp_layout``) saves for backward in one block on the busiest of the ``cp``
+    ranks, the last: ``(values, bytes of its boolean causal masks)``, before the tensor
+    split (the heads divide every value by ``tp``, not the masks).
+
+    Each ``_Online.add`` of a query block against a key block saves a contiguous copy of
+    the query block, the key block's Kᵀ and V (a copy of this rank's own, a view of a
+    received (K, V) message, which is saved whole), the masked scores and their
+    ``exp`` weights, the running sum it rescales and four per-row vectors (row maximum,
+    new maximum, rescale, denominator); the last division keeps the output and the
+    denominator. Per (b, heads, chunk) tensor x, chunk × chunk scores S, per-row vector r:
+
+    - contiguous, rank cp − 1 attends to every rank's block: cp·(4x + 2S + 4r) + x + r,
+      and one chunk × chunk mask (the diagonal block);
+    - zig-zag (half-chunk pieces): 3 adds of quarter score blocks on its own block,
+      2 per earlier rank's message, 1 of whole width per later rank's (which saves less:
+      see ``zigzag_ring_attention``); the last rank has only earlier ones:
+      (12 + 8(cp − 1))·(x + r)/2 + (6 + 4(cp − 1))·S/4 + x + r, and two half-chunk
+      masks.
+
+    The ring keeps every score block it computed (plain autograd, no fused kernel). A
+    flash-style ring is not this ring: ring-flash-attention's ``RingFlashAttnFunc`` keeps
+    only its own q, k, v, output and log-sum-exp (``ctx.save_for_backward``,
+    ring_flash_attn/ring_flash_attn.py:192 at zhuzilin/ring-flash-attention commit
+    8996282), passes K and V around again in backward (:99) and the gradients of K and V
+    with them (:150)."""
+    if lay.cp_layout not in CP_LAYOUTS:
+        raise ValueError(f"cp_layout is one of {CP_LAYOUTS}, not {lay.cp_layout!r}")
+    n, t = lay.cp, cfg.seq_len // lay.cp
+    x = b * t * cfg.d_model  # one (b, heads, t, head_dim) tensor
+    scores, rows = b * cfg.n_heads * t * t, b * cfg.n_heads * t
+    if lay.cp_layout == "contiguous":
+        return n * (4 * x + 2 * scores + 4 * rows) + x + rows, t * t
+    # halves: x/2, rows/2 and quarter score blocks scores/4. The last rank's own block:
+    # 3 adds of (4 half tensors, 2 quarter blocks, 4 half vectors); each earlier rank's
+    # message (all cp − 1 are earlier): its (K, V), 2 adds of (q copy, running sum,
+    # 2 quarter blocks, 4 half vectors); then two half outputs and denominators.
+    earlier = n - 1
+    halves = (12 + 8 * earlier) * (x + rows) / 2 + (6 + 4 * earlier) * scores / 4
+    return halves + x + rows, 2 * (t // 2) ** 2
+
+
 def block_activation_bytes(cfg: Config, lay: Layout, b: int) -> float:
     """Bytes one block saves for ``b`` sequences: :func:`block_activation_values` in the
     activation dtype (``PRECISIONS[lay.precision][0]`` bytes), except the fused
     attention's log-sum-exp, which is fp32 whatever the dtype (measured on a bf16 block
-    in ``tests/test_planner.py``). The LayerNorm statistics are in the activation dtype
+    in ``tests/test_planner.py``), and, under context parallelism, the ring's boolean
+    masks (one byte a value). The LayerNorm statistics are in the activation dtype
     as torch's CPU kernel keeps them (measured); its CUDA kernel writes them as the
     accumulate type, fp32 for bf16 (``RowwiseMomentsCUDAKernel``'s ``T_ACC* mean, rstd``,
     aten/src/ATen/native/cuda/layer_norm_kernel.cu), 8·bs bytes more per bf16 block."""
     act = PRECISIONS[lay.precision][0]
-    lse = cfg.n_heads * b * (cfg.seq_len // lay.cp) / lay.tp
+    if lay.cp > 1:  # the ring has no log-sum-exp
+        return act * block_activation_values(cfg, lay, b) + ring_attention_saved(cfg, lay, b)[1]
+    lse = cfg.n_heads * b * cfg.seq_len / lay.tp
     return act * (block_activation_values(cfg, lay, b) - lse) + 4 * lse
 
 
@@ -313,7 +387,8 @@ def activation_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0, loss: boo
     if stage == lay.pp - 1:  # final LayerNorm (in, out, stats)
         nbytes += act * (2 * b * s * cfg.d_model + 2 * b * s)
         if loss:  # cross-entropy on fp32 logits (bf16's cast up): log-probabilities, targets
-            v = math.ceil(cfg.vocab / lay.tp) if lay.vocab_parallel else cfg.vocab
+            vocab = padded_vocab(cfg.vocab, lay.tp, lay.pad_vocab)
+            v = math.ceil(vocab / lay.tp) if lay.vocab_parallel else vocab
             extra += 4 * b * s * v + 8 * b * s + 4
     in_flight = min(lay.pp - stage, lay.microbatches)
     return in_flight * (nbytes + extra) + once
@@ -346,12 +421,13 @@ def wire_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0) -> dict[str, fl
     Pipeline: this rank sends its activation to the next stage and its input's gradient
     to the previous one, each a (b, s, d) tensor per micro-batch, split by ``tp`` under
     sequence parallelism (the residual stream is sharded by sequence). Context
-    parallelism, per block and micro-batch: this rank's K and V chunk goes around the
-    ring cp − 1 times in forward and again in backward (once more with full
-    recomputation), and their gradients cp times in fp32, as ring-flash-attention does
-    (ring_flash_attn/ring_flash_attn.py:28, :99, :150 at commit 8996282; the course's
-    ring, :mod:`lab_utils.ring_attention`, keeps the blocks instead and sends only the
-    gradients back). Experts: 4 all-to-alls per layer (6 with full recomputation)."""
+    parallelism, per block and micro-batch, the course's ring
+    (:func:`lab_utils.ring_attention.ring_pass`): cp − 1 messages of this rank's (K, V)
+    chunk in forward, cp − 1 of their gradient (the same size, the activation dtype) in
+    backward — the ring keeps the blocks it received, so it does not pass K and V again —
+    and with full recomputation the forward's cp − 1 again (counted on Lab 4.7's ring in
+    ``tests/test_planner_cp.py``). Experts: 4 all-to-alls per layer (6 with full
+    recomputation)."""
     pb, gb, _ = PRECISIONS[lay.precision]
     act = pb
     shapes = stage_tensors(cfg, lay, stage)
@@ -387,9 +463,9 @@ def wire_bytes(cfg: Config, lay: Layout, b: int, stage: int = 0) -> dict[str, fl
         neighbours = (stage < lay.pp - 1) + (stage > 0)  # activations on, gradients back
         out["send_recv"] = neighbours * m * bsh / (lay.tp if lay.sp != "none" else 1)
     if lay.cp > 1:
-        kv = 2 * b * s * cfg.d_model / lay.tp  # this rank's K and V chunk, values
-        kv_passes = (lay.cp - 1) * (3 if full else 2)
-        out["send_recv_cp"] = blocks * m * kv * (kv_passes * act + lay.cp * 4)
+        kv = 2 * b * s * cfg.d_model / lay.tp * act  # one message: this rank's K and V
+        messages = (lay.cp - 1) * (3 if full else 2)  # forward, backward, recomputed forward
+        out["send_recv_cp"] = blocks * m * messages * kv
     if cfg.n_experts and lay.ep > 1:
         tokens = b * s
         slots = math.ceil(cfg.capacity_factor * tokens * cfg.top_k / cfg.n_experts)
@@ -443,6 +519,13 @@ def plan(cfg: Config, lay: Layout, batch: int) -> Plan:
         )
     if cfg.seq_len % lay.cp:
         raise ValueError(f"cp={lay.cp} does not divide the sequence length {cfg.seq_len}")
+    if lay.cp_layout not in CP_LAYOUTS or (
+        lay.cp > 1 and lay.cp_layout == "zigzag" and cfg.seq_len % (2 * lay.cp)
+    ):
+        raise ValueError(
+            f"cp_layout is one of {CP_LAYOUTS}; zig-zag cuts the sequence into 2·cp pieces "
+            f"({lay.cp_layout!r}, cp={lay.cp}, sequence length {cfg.seq_len})"
+        )
     b = batch // (lay.dp * lay.microbatches)
     best: Plan | None = None
     for stage in range(lay.pp):
@@ -492,7 +575,9 @@ def table(cfg: Config, lay: Layout, batch: int) -> str:
     return (
         f"{lay.world} ranks (dp {lay.dp} × tp {lay.tp} × pp {lay.pp} × cp {lay.cp}, ep {lay.ep}), "
         f"ZeRO-{lay.zero}, {lay.precision}, recompute {lay.recompute}, sequence parallel "
-        f"{lay.sp}{', vocabulary split' if lay.vocab_parallel else ''}; "
+        f"{lay.sp}{', vocabulary split' if lay.vocab_parallel else ''}"
+        f"{f', vocabulary padded to {padded_vocab(cfg.vocab, lay.tp, lay.pad_vocab):,}' if lay.pad_vocab else ''}"
+        f"{f', {lay.cp_layout} ring' if lay.cp > 1 else ''}; "
         f"Ψ = {p.n_params / 1e9:.3g} B\n"
         f"per rank: parameters {p.params / 1e9:.3g} GB, gradients {p.grads / 1e9:.3g} GB, "
         f"optimizer {p.optimizer / 1e9:.3g} GB, activations {p.activations / 1e9:.3g} GB "
@@ -522,6 +607,7 @@ def widget(cfg: Config, batch: int, memory_gb: float = 80.0):
     recompute = w.Dropdown(options=list(RECOMPUTE), value="none", description="recompute")
     sp = w.Dropdown(options=list(SEQUENCE_PARALLEL), value="none", description="seq. parallel")
     vocab = w.Checkbox(value=False, description="vocabulary split")
+    ring = w.Dropdown(options=list(CP_LAYOUTS), value="contiguous", description="cp layout")
     out = w.Output()
 
     def update(*_: object) -> str:
@@ -532,6 +618,7 @@ def widget(cfg: Config, batch: int, memory_gb: float = 80.0):
                 precision=precision.value,
                 recompute=recompute.value,
                 sequence_parallel=sp.value,
+                cp_layout=ring.value,
                 vocab_parallel=vocab.value,
             )
             text = table(cfg, lay, batch)
@@ -544,14 +631,14 @@ def widget(cfg: Config, batch: int, memory_gb: float = 80.0):
             print(text)
         return text
 
-    for control in (*ints.values(), zero, precision, recompute, sp, vocab):
+    for control in (*ints.values(), zero, precision, recompute, sp, ring, vocab):
         control.observe(update, names="value")
     panel = w.VBox(
         [
             w.HBox(list(ints.values())[:3]),
             w.HBox(list(ints.values())[3:]),
             w.HBox([zero, precision, recompute]),
-            w.HBox([sp, vocab]),
+            w.HBox([sp, ring, vocab]),
             out,
         ]
     )

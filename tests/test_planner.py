@@ -236,6 +236,27 @@ def test_vocabulary_split_embedding_and_head_are_exact(fake_measured):
         checks.check_predictions([r for r in rows(whole, measured) if r["what"] != "grads"])
 
 
+def test_megatron_vocabulary_padding():
+    """Megatron-LM pads the vocabulary to a multiple of make-vocab-size-divisible-by (128)
+    × tp before splitting it (``vocab_size_with_padding``, cited in planner.padded_vocab):
+    GPT-3's 50,257 at tp 8 becomes 51,200, 6,400 rows per rank, where torch's Shard(0) of
+    the unpadded vocabulary gives rank 0 ceil(50,257 / 8) = 6,283. (Padding to 128 alone,
+    forgetting tp, gives 50,304 and 6,288 rows.)"""
+    assert planner.padded_vocab(50257, 8, 128) == 51200
+    assert planner.padded_vocab(50257, 8, 0) == 50257  # no padding: the course's default
+    d = planner.GPT3.d_model
+    padded = planner.tensors(planner.GPT3, tp=8, vocab_parallel=True, pad_vocab=128)
+    assert padded["embed"][0] == (6400, d) and padded["head"][-2:] == [(6400, d), (6400,)]
+    unpadded = planner.tensors(planner.GPT3, tp=8, vocab_parallel=True)
+    assert unpadded["embed"][0] == (6283, d)
+    base = dict(tp=8, pp=16, zero=1, dp=8, precision="bf16", vocab_parallel=True)
+    first = {
+        pad: planner.state_bytes(planner.GPT3, planner.Layout(**base, pad_vocab=pad), 0)
+        for pad in (0, 128)
+    }
+    assert first[128]["params"] - first[0]["params"] == 2 * (6400 - 6283) * d  # bf16 rows
+
+
 # ------------------------------------------------------------------ activations in flight
 def stage_peak(cfg, lay, stage, b, recompute, dtype=torch.float32):
     """The most bytes one pipeline stage holds for backward, its blocks run in 1F1B's
