@@ -58,6 +58,16 @@ def test_ring_attention_check_fails_a_wrong_answer(old, new):
         checks.check_ring_attention(mutant(old, new))
 
 
+def test_ring_attention_check_names_a_masked_diagonal():
+    """Masking the diagonal too (triu(0)) leaves the first query row with no score: NaN,
+    and the hint says so, not the rescaling."""
+    wrong = mutant(
+        "dtype=torch.bool, device=q.device).triu(1)", "dtype=torch.bool, device=q.device).triu(0)"
+    )
+    with pytest.raises(CheckFailed, match="keep the diagonal"):
+        checks.check_ring_attention(wrong)
+
+
 # ------------------------------------------------------------------ the zig-zag layout
 def _simulated(attend, cut, n: int, seed: int = 0):
     """Every rank of a simulated ring of n on a causal attention of 8·n positions: each

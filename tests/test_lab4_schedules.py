@@ -155,6 +155,81 @@ def test_zero_bubble_plans_hold_what_1f1b_holds(p, m):
     assert peak["interleaved"] > p and peak["dualpipev"] > p
 
 
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (4, 8), (4, 16), (8, 16)])
+def test_zb_v_keeps_p_minus_1_over_6m_on_the_common_span(p, m):
+    """4.6's table row for ZB-V: measured from the first block on any rank to the last on
+    any rank (what the run measures, after a start barrier), torch's ZB-V plan keeps
+    (p−1)/(6m), the later ranks' warm-up; counted per rank (Qi et al.) it keeps 0."""
+    plan = torch_plan("zbv", p, m)
+    assert timeline.plan_ratio(plan) == pytest.approx((p - 1) / (6 * m), rel=1e-9)
+    assert timeline.stage_ratio(plan) == pytest.approx(0, abs=1e-12)
+    assert load_script(SCRIPT).formula_ratio("zbv", p, m, 2) == pytest.approx((p - 1) / (6 * m))
+
+
+def test_zb_v_needs_m_of_2p_for_that_bubble():
+    """Below m = 2p the row does not hold: p=4, m=4 keeps 0.25, not (p−1)/(6m) = 0.125."""
+    assert timeline.plan_ratio(torch_plan("zbv", 4, 4)) == pytest.approx(0.25)
+    assert load_script(SCRIPT).formula_ratio("zbv", 4, 4, 2) is None
+
+
+def _zbv_run(events: list[dict]) -> dict:
+    order = torch_plan("zbv", 2, 4)
+    return {"schedule": "zbv", "microbatches": 4, "stages": 2, "order": order, "events": events}
+
+
+def test_step_bubble_check_fails_a_timeline_with_no_idle_time():
+    """The plan's own timeline agrees with its replay; the same blocks run back to back on
+    every rank (no idle at all) fail, since their replay keeps the plan's bubble."""
+    order = torch_plan("zbv", 2, 4)
+    assert checks.check_step_bubble(_zbv_run(ideal(order, b=2.0, w=1.0))) > 0
+    cost = {"F": 1.0, "B": 1.0, "W": 1.0}
+    packed, t = [], dict.fromkeys(order, 0.0)
+    for r, acts in order.items():
+        for s, k, i in acts:
+            packed.append({"rank": r, "kind": k, "mb": i, "stage": s, "start": t[r]})
+            t[r] += cost[k]
+            packed[-1]["end"] = t[r]
+    assert timeline.bubble_fraction(packed) == pytest.approx(0)
+    with pytest.raises(CheckFailed, match="replayed with this run's block times"):
+        checks.check_step_bubble(_zbv_run(packed))
+
+
+def test_a_margin_wider_than_the_bubble_is_shown_not_passed():
+    """Where the run's spread allows more than the replayed bubble, a timeline with no idle
+    time (measured 0) would agree: reported as not resolved, never passed."""
+    out = io.StringIO()
+    with redirect_stdout(out):
+        got = checks.bubble_agrees(0.0, 0.2, 0.06, what="no idle at all")
+    assert got is None
+    assert "not resolved" in out.getvalue() and "✔" not in out.getvalue()
+    with pytest.raises(CheckFailed):  # a margin the bubble exceeds: the same timeline fails
+        checks.bubble_agrees(0.0, 0.2, 0.01, what="no idle at all")
+    with redirect_stdout(io.StringIO()):
+        assert checks.bubble_agrees(0.19, 0.2, 0.01, what="agrees") > 0
+
+
+@pytest.mark.parametrize("p, m", [(2, 4), (2, 8), (4, 8), (4, 16)])
+def test_interleaved_zero_bubble_with_one_stage_per_rank_is_the_papers_zb1p(p, m):
+    """torch's ScheduleInterleavedZeroBubble with v = 1 keeps the paper's ZB-1p bubble,
+    (p−1)/(3m) with equal F, B, W, and 1F1B's peak of p micro-batches; the v = 2 the lab
+    runs divides it by v."""
+    stages = [timeline._PlanStage(0, p, p, 0)]
+    plan = timeline.schedule_actions(pp.ScheduleInterleavedZeroBubble(stages, m, loss_fn=None))
+    assert timeline.plan_ratio(plan) == pytest.approx((p - 1) / (3 * m), rel=1e-9)
+    assert max(timeline.peak_held(plan, 1).values()) == p
+    assert timeline.plan_ratio(torch_plan("interleaved_zb", p, m, 2)) == pytest.approx(
+        (p - 1) / (3 * 2 * m), rel=1e-9
+    )
+
+
+@pytest.mark.parametrize("p, m, more", [(2, 2, False), (4, 4, False), (2, 4, True), (4, 8, True)])
+def test_interleaved_1f1b_keeps_more_than_p_only_for_m_above_p(p, m, more):
+    """4.6: interleaved 1F1B's first rank keeps more than 1F1B's p micro-batches for m > p;
+    at m = p it keeps p."""
+    peak = max(timeline.peak_held(torch_plan("interleaved", p, m), 2).values())
+    assert (peak > p) == more and peak >= p
+
+
 def test_the_line_the_notebook_quotes_from_torch():
     """4.6 quotes torch/distributed/pipelining/schedules.py line 3015: the interleaved zero
     bubble schedule is the paper's ZB1P."""
@@ -189,6 +264,20 @@ def _no_wait(actions, cost):  # every rank runs its blocks back to back from t =
     return 0.0
 
 
+def _own_spans(actions, cost):  # each rank from its own first block to its own last
+    by_rank = {}
+    for e in timeline.ideal_replay(actions, cost).events:
+        by_rank.setdefault(e.rank, []).append(e)
+    work = sum(e.end - e.start for v in by_rank.values() for e in v)
+    spans = sum(max(e.end for e in v) - min(e.start for e in v) for v in by_rank.values())
+    return 1 - work / spans
+
+
+def _papers_way(actions, cost):  # Qi et al.'s count: the longest rank's own span
+    q = timeline.stage_ratio(actions, cost)
+    return q / (1 + q)
+
+
 def _b_alone(actions, cost):  # every B lasts cost["B"], a whole backward too
     ev = [
         timeline.Event(int(r), k, i, 0.0, cost[k], stage=s)
@@ -205,8 +294,17 @@ def _b_alone(actions, cost):  # every B lasts cost["B"], a whole backward too
         (_w_idle, "W blocks are work"),
         (_no_wait, "must wait"),
         (_b_alone, r"B \+ W"),
+        (_own_spans, "its own first block"),
+        (_papers_way, "its own first block"),
     ],
-    ids=["idle over compute", "W counted as idle", "no waiting (no warm-up)", "B without W"],
+    ids=[
+        "idle over compute",
+        "W counted as idle",
+        "no waiting (no warm-up)",
+        "B without W",
+        "each rank its own span",
+        "the paper's per-rank count",
+    ],
 )
 def test_bubble_check_names_the_mistake(wrong, hint):
     with pytest.raises(CheckFailed, match=hint):

@@ -190,8 +190,9 @@ def stage_timelines(runs: Sequence[Mapping]) -> plt.Figure:
     for ax in axes[:-1, 0]:
         ax.set_xlabel("")
     fig.suptitle(
-        "per-rank timeline: blue F = forward, green B = backward (inputs), "
-        "orange W = backward (weights), pale = the rank's later stage",
+        "per-rank timeline: blue F = forward, green B = backward (the whole backward for "
+        "1F1B and interleaved, the inputs' part for zero bubble), orange W = backward "
+        "(weights), pale = the rank's later stage",
         fontsize=9,
     )
     fig.tight_layout()
@@ -224,7 +225,8 @@ def bubbles_by_schedule(runs: Sequence[Mapping], ax: plt.Axes | None = None) -> 
             marker="_",
             s=400,
             color="C3",
-            label="formula (equal F, B, W; free messages)",
+            label="formula (equal F, B, W; free messages), first block on any rank\n"
+            "to last on any rank: ZB-V's is (p−1)/(6m) so, 0 counted per rank",
         )
     ax.set_xticks(xs, labels, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("bubble (idle share)")
