@@ -27,51 +27,32 @@ from typing import Any
 from . import grade as grade_mod
 from . import jail, options, results, slurm
 from . import targets as targets_mod
+from .options import BatchOptions
 from .report import EXIT_ERROR, EXIT_PASS
 
 
 def run_batch(
-    folder: Path,
-    target: targets_mod.Target,
-    out: Path,
-    *,
-    launcher: str | None = None,
-    nprocs: int | None = None,
-    entry: str = "train.py",
-    unsafe: bool = False,
-    regrade: bool = False,
-    echo: bool = True,
+    folder: Path, target: targets_mod.Target, out: Path, opts: BatchOptions | None = None
 ) -> list[dict[str, Any]]:
     """Grade every submission in ``folder`` (see the module docstring); the rows."""
+    opts = opts or BatchOptions()
     out.mkdir(parents=True, exist_ok=True)
     (out / "reports").mkdir(exist_ok=True)
     state_file = out / "results.json"
     done: dict[str, dict[str, Any]] = {}
-    if state_file.is_file() and not regrade:
+    if state_file.is_file() and not opts.regrade:
         try:
             done = {r["student"]: r for r in json.loads(state_file.read_text())["rows"]}
         except (ValueError, KeyError, TypeError):
             done = {}
-    todo = results.students(folder, entry)
+    todo = results.students(folder, opts.entry)
     rows: dict[str, dict[str, Any]] = {}
-    say = print if echo else (lambda *a, **k: None)
+    say = print if opts.echo else (lambda *a, **k: None)
     # One training-only copy of the data for the whole class (read-only in every job).
     shared = Path(tempfile.mkdtemp(prefix="lab-grade-data-"))
     try:
-        data_dir = None if unsafe else jail.training_copy(target.dataset, shared)
-        _grade_all(
-            todo,
-            done,
-            rows,
-            target,
-            out,
-            say,
-            launcher=launcher,
-            nprocs=nprocs,
-            entry=entry,
-            unsafe=unsafe,
-            data_dir=data_dir,
-        )
+        data_dir = None if opts.unsafe else jail.training_copy(target.dataset, shared)
+        _grade_all(todo, done, rows, target, out, say, opts, data_dir)
     finally:
         shutil.rmtree(shared, ignore_errors=True)
     results.save(out, rows, target.name)
@@ -87,7 +68,8 @@ def _grade_all(
     target: targets_mod.Target,
     out: Path,
     say: Any,
-    **kw: Any,
+    opts: BatchOptions,
+    data_dir: Path | None,
 ) -> None:
     for i, (name, path) in enumerate(todo, 1):
         digest = results.fingerprint(path)
@@ -105,7 +87,15 @@ def _grade_all(
             )
             continue
         say(f"[{i}/{len(todo)}] {name}: grading ...", flush=True)
-        report = grade_mod.grade(path, target, echo=False, **kw)
+        report = grade_mod.grade(
+            path,
+            target,
+            launcher=opts.launcher,
+            nprocs=opts.nprocs,
+            entry=opts.entry,
+            unsafe=opts.unsafe,
+            data_dir=data_dir,
+        )
         report.write_json(out / "reports" / f"{name}.json")
         rows[name] = results.row_of(name, path, digest, target.name, report)
         acc = "" if report.accuracy is None else f" {report.accuracy:.2%}"
@@ -165,21 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     if target is None or not _sandbox_or_unsafe(args.unsafe):
         return EXIT_ERROR
     out = Path(args.out) if args.out else folder.with_name(folder.name.rstrip("/") + "-grades")
+    opts = BatchOptions.from_args(args)
     if args.slurm:
-        rows = _on_slurm(folder, target, out, args)
+        rows = _on_slurm(folder, target, out, opts)
         if rows is None:
             return EXIT_ERROR
     else:
-        rows = run_batch(
-            folder,
-            target,
-            out,
-            launcher=args.launcher,
-            nprocs=args.nprocs,
-            entry=args.entry,
-            unsafe=args.unsafe,
-            regrade=args.regrade,
-        )
+        rows = run_batch(folder, target, out, opts)
     print(f"results: {out / 'results.csv'}, {out / 'results.json'}, {out / 'summary.txt'}")
     return EXIT_ERROR if any(r["status"] == "error" for r in rows) else EXIT_PASS
 
@@ -202,25 +184,11 @@ def _sandbox_or_unsafe(unsafe: bool) -> bool:
 
 
 def _on_slurm(
-    folder: Path, target: targets_mod.Target, out: Path, args: Any
+    folder: Path, target: targets_mod.Target, out: Path, opts: BatchOptions
 ) -> list[dict[str, Any]] | None:
     """The batch as a Slurm job array (assessment/slurm.py); None where Slurm failed."""
     try:
-        return slurm.run_slurm_batch(
-            folder,
-            target,
-            out,
-            launcher=args.launcher,
-            nprocs=args.nprocs,
-            entry=args.entry,
-            unsafe=args.unsafe,
-            regrade=args.regrade,
-            partition=args.partition,
-            gres=args.gres,
-            time_limit=args.time_limit,
-            extra=args.sbatch_args,
-            poll_s=args.poll,
-        )
+        return slurm.run_slurm_batch(folder, target, out, opts)
     except slurm.SlurmError as e:
         print(f"lab-grade batch --slurm: {e}", file=sys.stderr)
         return None

@@ -6,6 +6,10 @@ The checkpoint contract (set by ``assessment/starter.py``): rank 0 saves
 extra keys are ignored). Here, in the grader's own process:
 
 * the file must be a regular file inside the working directory (no link);
+* no larger than the target's cap, on disk and unpacked: the sizes its zip directory
+  gives for its entries must add up to no more than the cap, and every entry must be
+  stored, as ``torch.save`` writes it, not compressed (a deflated file of a few MB
+  would otherwise unpack to GBs inside ``torch.load``); checked before it is read;
 * it is read with ``torch.load(weights_only=True)``, which refuses pickled code;
 * ``arch`` must be allowed by the target and known to ``lab_utils.models``;
 * the model is first built on the ``meta`` device (no memory) to compare every
@@ -22,7 +26,7 @@ import stat
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from torch import nn
@@ -91,12 +95,12 @@ def read(path: Path, max_mb: float) -> dict[str, Any]:
             "bad_checkpoint",
             f"{path.name} is {size_mb:.0f} MB; the target allows at most {max_mb:g} MB",
         )
-    obj = _load(path)
+    obj = _load(path, max_mb)
     _check_contract(obj, path.name)
     return obj
 
 
-def _load(path: Path) -> Any:
+def _load(path: Path, max_mb: float) -> Any:
     """``torch.load(weights_only=True)`` of a zip written by torch.save, or the refusal."""
     # O_NOFOLLOW: a link swapped in after locate() is refused, not followed.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -107,6 +111,7 @@ def _load(path: Path) -> Any:
                     "unreadable_checkpoint",
                     f"{path.name} is not a file written by torch.save (not a zip archive)",
                 )
+            _check_entries(f, path.name, max_mb)
             f.seek(0)
             return torch.load(f, map_location="cpu", weights_only=True)
     except CheckpointRejected:
@@ -120,10 +125,53 @@ def _load(path: Path) -> Any:
             "or other Python objects.",
         ) from None
     except Exception as e:  # truncated zip, not a torch file, ...
+        if out_of_memory(e):
+            raise CheckpointRejected(
+                "bad_checkpoint",
+                f"{path.name} needs more memory to read than the grader allows for a "
+                f"checkpoint of at most {max_mb:g} MB",
+            ) from None
         raise CheckpointRejected(
             "unreadable_checkpoint",
             f"{path.name} cannot be read by torch.load: {type(e).__name__}: {e}",
         ) from None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` says an allocation failed (torch's CPU allocator raises a
+    RuntimeError, "DefaultCPUAllocator: can't allocate memory")."""
+    return isinstance(e, MemoryError) or "can't allocate memory" in str(e)
+
+
+def _check_entries(f: BinaryIO, name: str, max_mb: float) -> None:
+    """Refuse, from the zip's central directory alone (nothing is unpacked), a file
+    that would unpack past ``max_mb`` or whose entries ``torch.save`` cannot have
+    written: it stores every entry uncompressed (the header of its writer,
+    ``torch/include/caffe2/serialize/inline_container.h``: "All files are stored
+    uncompressed"; tests/test_grader.py checks the files torch writes)."""
+    try:
+        with zipfile.ZipFile(f) as archive:  # a file object: closing it leaves f open
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as e:
+        raise CheckpointRejected(
+            "unreadable_checkpoint", f"{name} has a broken zip directory: {e}"
+        ) from None
+    unpacked = sum(e.file_size for e in entries)
+    if unpacked > max_mb * 2**20:
+        raise CheckpointRejected(
+            "bad_checkpoint",
+            f"{name} would unpack to {unpacked / 2**20:.0f} MB (its zip directory says "
+            f"so); the target allows at most {max_mb:g} MB, so it was not read",
+        )
+    packed = [e.filename for e in entries if e.compress_type != zipfile.ZIP_STORED]
+    if packed:
+        raise CheckpointRejected(
+            "unreadable_checkpoint",
+            f"{name} holds compressed entries ({', '.join(packed[:3])}"
+            + (" ..." if len(packed) > 3 else "")
+            + "): torch.save stores every entry uncompressed, so it did not write this "
+            "file. Save with lab_utils.models.save and do not re-pack the file.",
+        )
 
 
 def _check_contract(obj: Any, name: str) -> None:

@@ -2,7 +2,7 @@
 
     lab-grade my_train.py                                # the target for this machine
     lab-grade my_train.py --target cpu-2proc --launcher mpirun --json report.json
-    python -m assessment.grade my_train.py --launcher horovodrun --nprocs 2
+    python -m assessment my_train.py --launcher horovodrun --nprocs 2   # the same, uninstalled
     lab-grade batch submissions/ --target cpu-2proc      # a class: assessment/batch.py
     lab-grade calibrate --target cpu-2proc --starter     # a target: assessment/calibrate.py
 

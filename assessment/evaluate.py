@@ -8,15 +8,27 @@ imports ``lab_utils`` and ``assessment`` from the verified checkout alone, reads
 the registry and evaluates it on the grader's copy of the test split. It answers
 with one JSON line; nothing the job left in memory or in imported modules can
 reach it.
+
+Its memory is bounded twice. The checkpoint is refused before it is read when its
+zip directory says it would unpack past the target's cap
+(:func:`assessment.checkpoint.read`), and everything whose size the file decides
+(reading it, rebuilding the model, the one-image check) runs under
+:func:`memory_bound`: a few copies of the cap and torch's own overhead, beyond which
+an allocation fails and the checkpoint is refused. The evaluation after it runs the
+grader's own batches through a model whose size the cap has bounded. The result
+says by how much the process's peak memory grew (``memory_mb``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +37,12 @@ import torch
 
 EVAL_BATCH = 1000
 RESULT_PREFIX = "lab-grade-evaluation: "
+# Reading a checkpoint holds a few copies of its tensors at once (the storages read,
+# the model built for real, the finiteness check's temporaries), on top of what
+# torch itself allocates and a stack for each of its threads.
+READ_COPIES = 3
+READ_OVERHEAD_MB = 256
+THREAD_MB = 16
 
 
 @dataclass(frozen=True)
@@ -89,15 +107,69 @@ def measure_accuracy(model: torch.nn.Module, split: TestSplit) -> tuple[float, i
     return float(result["acc"]), int(result["n"])
 
 
+def _status_bytes(name: str) -> int | None:
+    """A memory figure of this process from ``/proc/self/status`` (``VmData``: the
+    private writable memory RLIMIT_DATA counts; ``VmHWM``: the peak resident memory
+    since the process started this program), or ``None`` where there is none (not
+    Linux)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{name}:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+@contextlib.contextmanager
+def memory_bound(extra_bytes: int) -> Iterator[int | None]:
+    """Within the block this process may take at most ``extra_bytes`` more private
+    memory than it has now; an allocation past that fails (MemoryError, or torch's
+    RuntimeError). A soft RLIMIT_DATA, which counts the heap and private writable
+    mappings (setrlimit(2): mmap(2) obeys it since Linux 4.7), restored after.
+    Yields the limit in bytes, ``None`` where there is none to set (not Linux)."""
+    used = _status_bytes("VmData")
+    if used is None:
+        yield None
+        return
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = used + extra_bytes
+    for cap in before:  # never above the limit already set
+        if cap != resource.RLIM_INFINITY:
+            limit = min(limit, cap)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, before[1]))
+    try:
+        yield limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, before)
+
+
+def _peak_mb() -> float:
+    """This process's peak resident memory so far, in MB. Linux: ``VmHWM``, not
+    getrusage's ru_maxrss: "resource usage metrics are preserved across an execve(2)"
+    (getrusage(2)), so this fresh interpreter's ru_maxrss starts at the grader's own
+    peak. Elsewhere ru_maxrss (bytes on macOS)."""
+    peak = _status_bytes("VmHWM")
+    if peak is not None:
+        return peak / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def read_allowance(max_mb: float) -> int:
+    """Bytes that reading, rebuilding and checking a checkpoint of at most ``max_mb``
+    may take (see :data:`READ_COPIES`)."""
+    mb = READ_COPIES * max_mb + READ_OVERHEAD_MB + THREAD_MB * torch.get_num_threads()
+    return int(mb * 2**20)
+
+
 def judge(workdir: Path, split: TestSplit, archs: list[str], max_mb: float) -> dict[str, Any]:
     """Read, check and evaluate the checkpoint in ``workdir``: a verdict's raw facts."""
     from . import checkpoint as ckpt_mod
 
     try:
         path = ckpt_mod.locate(workdir)
-        ckpt = ckpt_mod.read(path, max_mb)
-        model, notes = ckpt_mod.rebuild(ckpt, archs)
-        check_fits(model, split)
+        with memory_bound(read_allowance(max_mb)):
+            ckpt = ckpt_mod.read(path, max_mb)
+            model, notes = ckpt_mod.rebuild(ckpt, archs)
+            check_fits(model, split)
     except ckpt_mod.CheckpointRejected as e:
         return {"reason": e.reason, "message": str(e)}
     acc, n = measure_accuracy(model, split)
@@ -126,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(
                 f"{mod.__name__} was imported from {mod.__file__}, not from {args.repo}"
             )
-    result = judge(
-        Path(args.workdir), TestSplit.read(Path(args.split)), json.loads(args.archs), args.max_mb
-    )
+    split = TestSplit.read(Path(args.split))
+    before = _peak_mb()
+    result = judge(Path(args.workdir), split, json.loads(args.archs), args.max_mb)
+    result["memory_mb"] = round(_peak_mb() - before, 1)  # how much judging raised the peak
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0
 

@@ -2,9 +2,10 @@
 
     lab-grade my_train.py                                # the target for this machine
     lab-grade my_train.py --target cpu-2proc --launcher mpirun --json report.json
-    python -m assessment.grade my_train.py --launcher horovodrun --nprocs 2
+    python -m assessment my_train.py --launcher horovodrun --nprocs 2
 
-The command line is :mod:`assessment.cli`; this module is the grading itself.
+The command line is :mod:`assessment.cli`; this module is the grading itself, and
+:func:`assessment.sandbox.run_job` the running of the job.
 It trusts nothing the submission prints. Before starting the job it loads the
 held-out test split and hashes its own code, the target and the test data; it then
 runs the submission in a fresh working directory inside the sandbox of
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +44,7 @@ from . import evaluate as eval_mod
 from . import integrity, jail, sandbox
 from . import participation as part
 from .evaluate import TestSplit, check_fits, measure_accuracy  # noqa: F401 - public here too
-from .report import Report
+from .report import EXIT_ERROR, Report
 from .targets import Target
 
 TEST_SUBSET_SEED = 0
@@ -142,7 +142,11 @@ def grade(
         report.set("grader_error", f"{type(e).__name__}: {e}")
         report.output_tail = report.output_tail or tb
     finally:
-        _clean_up(report, setup.ws, keep)
+        setup.ws.cleanup(keep)
+        if keep:
+            report.warnings.append(f"working directory kept at {setup.ws.workdir}")
+        if hasattr(os, "getloadavg"):
+            report.environment["load_after"] = round(os.getloadavg()[0], 2)
     return report
 
 
@@ -168,14 +172,9 @@ def _set_up(
         split_file = grader_dir / "test-split.pt"
         split.save(split_file)
         if not unsafe and data_dir is None:
-            data_dir = jail.training_copy(target.dataset, ws.root / "data")
+            data_dir = jail.training_copy(target.dataset, ws.data_copy)
         conf = sandbox.Confinement(
-            data_dir=None if unsafe else data_dir,
-            memory_mb=target.memory_mb,
-            repo=REPO,
-            gpu=target.profile == "gpu",
-            sandboxed=not unsafe,
-            hide=[source],
+            data_dir=None if unsafe else data_dir, repo=REPO, sandboxed=not unsafe, hide=[source]
         )
         guarded = _guarded_files(target, source, split_file)
         before = integrity.snapshot(guarded, [REPO / p for p in integrity.CODE_PACKAGES])
@@ -204,17 +203,6 @@ def _note_conditions(report: Report, target: Target, unsafe: bool) -> None:
         )
 
 
-def _clean_up(report: Report, ws: sandbox.Workspace, keep: bool) -> None:
-    """Remove the working directory (or keep it, saying where), and note the load."""
-    if keep:
-        report.warnings.append(f"working directory kept at {ws.workdir}")
-        shutil.rmtree(ws.root / "data", ignore_errors=True)
-    else:
-        ws.cleanup()
-    if hasattr(os, "getloadavg"):
-        report.environment["load_after"] = round(os.getloadavg()[0], 2)
-
-
 def _guarded_files(target: Target, source: Path, split_file: Path) -> list[Path]:
     """What the verdict depends on: the grader's code, the target, the test data."""
     files = integrity.code_files(REPO)
@@ -237,7 +225,10 @@ def _judge(
     read and evaluate its checkpoint in a fresh process."""
     if not _may_start(report, setup.ws):
         return
-    job = _run_job(report, setup, target, launcher, nprocs, echo)
+    job = sandbox.run_job(
+        setup.ws, target, launcher=launcher, nprocs=nprocs, confinement=setup.conf, echo=echo
+    )
+    _record_job(report, job, target, nprocs)
     altered = integrity.changed(
         setup.before,
         integrity.snapshot(setup.guarded, [REPO / p for p in integrity.CODE_PACKAGES]),
@@ -267,46 +258,6 @@ def _may_start(report: Report, ws: sandbox.Workspace) -> bool:
             "accuracy but never to train (checked by hand)"
         )
     return True
-
-
-def _job_env(target: Target, ws: sandbox.Workspace, launcher: str) -> dict[str, str]:
-    """The environment the grader sets for the job, on top of the launcher's."""
-    env = {
-        "LABS_PROFILE": target.profile,
-        # Collectives must not give up before the grader's own deadline: a deadlock
-        # is reported as one, not as a crash.
-        "LABS_DIST_TIMEOUT": str(int(target.deadline_s + 60)),
-        "LABS_RUNS": str(ws.workdir / "runs"),
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    if launcher == "mpirun" and target.profile != "gpu":
-        # With as many ranks as cores, a rank that busy-polls in MPI (Horovod's
-        # background thread) takes the core from its own compute thread.
-        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
-        # Ranks on one machine would exchange through shared memory, which no counter
-        # of the kernel attributes to a rank; over TCP (on lo) every byte is counted.
-        env["OMPI_MCA_btl"] = "self,tcp"
-    return env
-
-
-def _run_job(
-    report: Report, setup: _Setup, target: Target, launcher: str, nprocs: int, echo: bool
-) -> sandbox.JobOutcome:
-    """Run the job in its sandbox and record what was measured from outside it."""
-    job = sandbox.run_job(
-        setup.ws,
-        ["--dataset", target.dataset, "--budget", f"{target.budget_s:g}"],
-        launcher=launcher,
-        nprocs=nprocs,
-        deadline=target.deadline_s,
-        env=_job_env(target, setup.ws, launcher),
-        threads_per_proc=target.threads_per_proc,
-        echo=echo,
-        confinement=setup.conf,
-        gpu=target.profile == "gpu",
-    )
-    _record_job(report, job, target, nprocs)
-    return job
 
 
 def _record_job(report: Report, job: sandbox.JobOutcome, target: Target, nprocs: int) -> None:
@@ -393,6 +344,7 @@ def _evaluate(report: Report, setup: _Setup, target: Target) -> bool:
         REPO,
         env={**os.environ, "LABS_PROFILE": target.profile},
     )
+    report.environment["evaluation_memory_mb"] = result.get("memory_mb")
     if result["reason"] is not None:
         report.set(result["reason"], result["message"])
         return False
@@ -563,9 +515,8 @@ def _why_stopped(job: sandbox.JobOutcome) -> str:
     return f"its processes were still computing{load}: it is too slow for this budget{hint}"
 
 
-if __name__ == "__main__":  # `python -m assessment.grade ...` is `lab-grade ...`
+if __name__ == "__main__":  # the command line is cli.py's, which imports this module
     import sys
 
-    from .cli import main
-
-    sys.exit(main())
+    print("the grader's command line is `lab-grade` (or `python -m assessment`)", file=sys.stderr)
+    sys.exit(EXIT_ERROR)

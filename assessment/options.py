@@ -1,10 +1,13 @@
 """Command-line options shared by ``lab-grade``, ``lab-grade batch`` and
-``lab-grade calibrate``: the parser's error handling and the options of a run."""
+``lab-grade calibrate``: the parser's error handling, the options of a run, and the
+options of a batch (:class:`BatchOptions`, one type for ``batch`` and ``slurm``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from . import targets as targets_mod
 from .report import EXIT_ERROR
@@ -62,3 +65,37 @@ def load_target(name: str | None, prog: str) -> targets_mod.Target | None:
     except targets_mod.TargetError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return None
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """How a class is graded: by :func:`assessment.batch.run_batch` on this machine or
+    :func:`assessment.slurm.run_slurm_batch` on Slurm (the fields after ``echo``)."""
+
+    launcher: str | None = None  # None: the target's
+    nprocs: int | None = None  # None: the target's
+    entry: str = "train.py"  # the entry script of a folder submission
+    unsafe: bool = False  # grade without the sandbox (the reports say so)
+    regrade: bool = False  # grade again students already graded
+    echo: bool = True  # print progress
+    partition: str | None = None  # sbatch --partition
+    gres: str | None = None  # sbatch --gres, e.g. gpu:4
+    time_limit: str | None = None  # each job's --time (None: slurm.default_time)
+    sbatch_args: Sequence[str] = ()  # more sbatch options, e.g. --account=X
+    poll_s: float = 5.0  # seconds between polls of the queue
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> BatchOptions:
+        """The options ``lab-grade batch`` parsed (:func:`assessment.batch.parser`)."""
+        return cls(
+            launcher=args.launcher,
+            nprocs=args.nprocs,
+            entry=args.entry,
+            unsafe=args.unsafe,
+            regrade=args.regrade,
+            partition=args.partition,
+            gres=args.gres,
+            time_limit=args.time_limit,
+            sbatch_args=tuple(args.sbatch_args),
+            poll_s=args.poll,
+        )

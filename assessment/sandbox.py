@@ -1,13 +1,16 @@
 """Run a submission in a fresh working directory and watch it from outside.
 
-The grader copies the submission into a new temporary folder and starts it there
-under the chosen launcher, inside the sandbox of :mod:`assessment.jail` (unless the
-instructor asked for unsafe grading), under the supervisor :mod:`lab_utils.reaper`,
-which owns and ends the whole process tree. It measures the wall clock and each
-rank's CPU time itself, keeps only the last lines of the job's output (a job that
-floods its output cannot fill the grader's memory), and afterwards makes sure that
-no process of the job is left: every process is tagged through its environment, so
-even one that detached itself and changed its command line is found.
+The grader copies the submission into a new temporary folder (:func:`prepare`) and
+starts it there with :func:`run_job`, the one function that runs a submission, read
+top to bottom: the job's environment (:func:`environment`), the launcher's command
+inside the sandbox of :mod:`assessment.jail` (unless the instructor asked for unsafe
+grading), the memory and process limits, the run under the supervisor
+:mod:`lab_utils.reaper` (which owns and ends the whole process tree), and the
+clean-up. It measures the wall clock and each rank's CPU time itself, keeps only the
+last lines of the job's output (a job that floods its output cannot fill the
+grader's memory), and afterwards makes sure that no process of the job is left:
+every process is tagged through its environment, so even one that detached itself
+and changed its command line is found.
 """
 
 from __future__ import annotations
@@ -22,10 +25,10 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -34,6 +37,9 @@ from lab_utils import metrics as lmetrics
 
 from . import jail
 from . import participation as part
+
+if TYPE_CHECKING:
+    from .targets import Target
 
 TAG_VAR = "LABS_GRADE_JOB"  # every process of a graded job carries this in its environment
 KEEP_LINES = 2000  # lines of the job's output the grader keeps (the last ones)
@@ -64,8 +70,15 @@ class Workspace:
     ignored: list[str] = field(default_factory=list)  # weight files not copied
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # tags the job's processes
 
-    def cleanup(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    @property
+    def data_copy(self) -> Path:
+        """Where a training-only copy of the data is made for this job alone."""
+        return self.root / "data"
+
+    def cleanup(self, keep: bool = False) -> None:
+        """Remove the folder; with ``keep``, only the data copy, so that the working
+        directory stays for debugging."""
+        shutil.rmtree(self.data_copy if keep else self.root, ignore_errors=True)
 
 
 def prepare(submission: str | os.PathLike, entry: str = "train.py") -> Workspace:
@@ -277,53 +290,40 @@ def _children_cpu() -> float:
 
 @dataclass
 class Confinement:
-    """How a job is confined: the sandbox (``None``: unsafe, none) and its limits."""
+    """How a job is confined beyond its target's limits: the sandbox or none (unsafe)."""
 
     data_dir: Path | None  # the training-only copy of the dataset, as $LABS_DATA
-    memory_mb: float
     repo: Path = field(default_factory=lambda: Path(launch.__file__).resolve().parent.parent)
-    gpu: bool = False
     sandboxed: bool = True
     max_procs: int = jail.DEFAULT_MAX_PROCS
     hide: list[Path] = field(default_factory=list)  # full dataset copies in visible folders
 
 
-def _job_env(
-    ws: Workspace,
-    launcher: str,
-    env: Mapping[str, str],
-    threads_per_proc: int | None,
-    deadline: float,
-    conf: Confinement | None,
-) -> dict[str, str]:
-    """The job's environment: tagged, its metrics in the workdir, the sandbox's view."""
-    job = launch.job_env(launcher, {**env, TAG_VAR: ws.job_id}, threads_per_proc, deadline)
-    job[lmetrics.ENV_VAR] = str(ws.workdir / METRICS_NAME)
-    if conf is not None and conf.sandboxed:
-        job.update(jail.sandbox_env(ws.workdir, conf.data_dir))
-    return job
-
-
-def _command(
-    ws: Workspace,
-    args: Sequence[str],
-    launcher: str,
-    nprocs: int,
-    job: dict[str, str],
-    conf: Confinement | None,
-) -> list[str]:
-    """The launcher's command, inside the sandbox unless grading is unsafe."""
-    cmd = launch.command(launcher, nprocs, ws.script, args, (), job)
-    if conf is None or not conf.sandboxed:
-        return cmd
-    return jail.command(
-        cmd,
-        workdir=ws.workdir,
-        data_dir=conf.data_dir,
-        repo=conf.repo,
-        gpu=conf.gpu,
-        hide=conf.hide,
-    )
+def environment(ws: Workspace, target: Target, launcher: str, conf: Confinement) -> dict[str, str]:
+    """The whole environment of a graded job, built here alone: the launcher's
+    (``launch.job_env``: rendezvous, threads, ``PYTHONPATH``) with the grader's
+    settings, a tag on every process, the metrics file and the sandbox's view."""
+    grader = {
+        TAG_VAR: ws.job_id,  # finds every process of the job, even a detached one
+        "LABS_PROFILE": target.profile,
+        # Collectives must not give up before the grader's own deadline: a deadlock
+        # is reported as one, not as a crash.
+        "LABS_DIST_TIMEOUT": str(int(target.deadline_s + 60)),
+        "LABS_RUNS": str(ws.workdir / "runs"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if launcher == "mpirun" and target.profile != "gpu":
+        # With as many ranks as cores, a rank that busy-polls in MPI (Horovod's
+        # background thread) takes the core from its own compute thread.
+        grader["OMPI_MCA_mpi_yield_when_idle"] = "1"
+        # Ranks on one machine would exchange through shared memory, which no counter
+        # of the kernel attributes to a rank; over TCP (on lo) every byte is counted.
+        grader["OMPI_MCA_btl"] = "self,tcp"
+    env = launch.job_env(launcher, grader, target.threads_per_proc, target.deadline_s)
+    env[lmetrics.ENV_VAR] = str(ws.workdir / METRICS_NAME)
+    if conf.sandboxed:
+        env.update(jail.sandbox_env(ws.workdir, conf.data_dir))
+    return env
 
 
 class _Lines:
@@ -370,52 +370,36 @@ class _Watchers:
             self.gpu.close()
 
 
-@dataclass
-class _Aftermath:
-    """What is found once the job is over: processes left, memory, how it was limited."""
-
-    leftovers: int
-    memory_killed: bool
-    peak_mb: float | None
-    limits: str
-
-
-def _clean_up(ws: Workspace, limits: jail.Limits | None) -> _Aftermath:
-    """Kill what is left of the job (even after an error: a worker in a session of its
-    own may be left), read the limits' record, remove them."""
-    leftovers = reap_leftovers(ws.job_id, ws.root)
-    if limits is None:
-        return _Aftermath(leftovers, False, None, "none")
-    peak = limits.peak_bytes()
-    after = _Aftermath(
-        leftovers,
-        bool(limits.memory_killed()),
-        None if peak is None else round(peak / 2**20, 1),
-        limits.how,
-    )
-    limits.remove()
-    return after
-
-
 def run_job(
     ws: Workspace,
-    args: Sequence[str],
+    target: Target,
     *,
     launcher: str,
     nprocs: int,
-    deadline: float,
-    env: Mapping[str, str],
-    threads_per_proc: int | None,
+    confinement: Confinement,
     echo: bool = False,
-    confinement: Confinement | None = None,
-    gpu: bool = False,
 ) -> JobOutcome:
-    """Run the workspace's script and wait for it, for at most ``deadline`` seconds."""
-    job = _job_env(ws, launcher, env, threads_per_proc, deadline, confinement)
-    cmd = _command(ws, args, launcher, nprocs, job, confinement)
-    limits = None
-    if confinement is not None:
-        limits = jail.make_limits(confinement.memory_mb, confinement.max_procs)
+    """Run the workspace's script as ``target`` says and watch it from outside; the one
+    place a submission is started. Read top to bottom: environment, command, limits,
+    the run under the deadline, clean-up."""
+    gpu = target.profile == "gpu"
+    # The environment and the command: the launcher's, inside bubblewrap unless unsafe.
+    env = environment(ws, target, launcher, confinement)
+    args = ["--dataset", target.dataset, "--budget", f"{target.budget_s:g}"]
+    cmd = launch.command(launcher, nprocs, ws.script, args, (), env)
+    if confinement.sandboxed:
+        cmd = jail.command(
+            cmd,
+            workdir=ws.workdir,
+            data_dir=confinement.data_dir,
+            repo=confinement.repo,
+            gpu=gpu,
+            hide=confinement.hide,
+        )
+    # The limits: a cgroup with the target's memory and a process count (its ``how``
+    # says why there is none where the machine gives no writable cgroup).
+    limits = jail.make_limits(target.memory_mb, confinement.max_procs)
+    # The run, under the supervisor and the deadline, watched from outside.
     seen = _Lines(echo)
     cpu0 = _children_cpu()
     start = time.monotonic()
@@ -423,35 +407,39 @@ def run_job(
     try:
         result = launch.stream(
             cmd,
-            env=job,
+            env=env,
             cwd=ws.workdir,
-            timeout=deadline,
+            timeout=target.deadline_s,
             on_line=seen,
             keep_lines=KEEP_LINES,
             max_line=MAX_LINE,
-            prefix=limits.join_command() if limits is not None else (),
+            prefix=limits.join_command(),
         )
     finally:
         end = time.monotonic()
         watchers.stop()
-        after = _clean_up(ws, limits)
+        # Clean-up, even after an error: kill what is left of the job (a worker in a
+        # session of its own may be), read the cgroup's record, remove it.
+        leftovers = reap_leftovers(ws.job_id, ws.root)
+        peak, memory_killed = limits.peak_bytes(), limits.memory_killed()
+        limits.remove()
     last = seen.stopped or end  # the end of the job as the job itself lived it
     return JobOutcome(
         returncode=result.returncode,
         timed_out=result.timed_out,
         elapsed=end - start,
         silent_for=last - (seen.last or start),
-        busy_cores=watchers.cpu.busy_cores(last, min(10.0, max(2.0, deadline / 5))),
+        busy_cores=watchers.cpu.busy_cores(last, min(10.0, max(2.0, target.deadline_s / 5))),
         cpu_s=_children_cpu() - cpu0,
         lines=result.lines,
-        leftovers=after.leftovers,
+        leftovers=leftovers,
         error=seen.error,
         line_count=result.line_count,
         rank_cpu_s=dict(sorted(watchers.cpu.by_rank.items())),
         metrics=_read_metrics(ws.workdir / METRICS_NAME),
-        memory_killed=after.memory_killed,
-        peak_memory_mb=after.peak_mb,
-        limits=after.limits,
+        memory_killed=memory_killed,
+        peak_memory_mb=None if peak is None else round(peak / 2**20, 1),
+        limits=limits.how,
         sockets=watchers.sockets,
         gpu=watchers.gpu,
     )

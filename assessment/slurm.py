@@ -37,6 +37,7 @@ from typing import Any
 from . import grade as grade_mod
 from . import jail, results
 from . import targets as targets_mod
+from .options import BatchOptions
 from .report import Report
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,58 +262,30 @@ def killed_row(
 
 
 def run_slurm_batch(
-    folder: Path,
-    target: targets_mod.Target,
-    out: Path,
-    *,
-    launcher: str | None = None,
-    nprocs: int | None = None,
-    entry: str = "train.py",
-    unsafe: bool = False,
-    regrade: bool = False,
-    partition: str | None = None,
-    gres: str | None = None,
-    time_limit: str | None = None,
-    extra: Sequence[str] = (),
-    poll_s: float = 5.0,
-    echo: bool = True,
+    folder: Path, target: targets_mod.Target, out: Path, opts: BatchOptions | None = None
 ) -> list[dict[str, Any]]:
     """Grade every submission in ``folder`` on Slurm (see the module docstring); the rows."""
-    say: Callable[..., None] = print if echo else (lambda *a, **k: None)
+    opts = opts or BatchOptions()
+    say: Callable[..., None] = print if opts.echo else (lambda *a, **k: None)
     for sub in ("reports", "slurm/logs", "slurm/rows"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     if not target.path:
         raise SlurmError("a target read from a file is needed (the jobs load it again)")
-    launcher = launcher or target.launcher
-    nprocs = nprocs or target.processes
-    done = {} if regrade else _previous_rows(out)
+    launcher = opts.launcher or target.launcher
+    nprocs = opts.nprocs or target.processes
+    done = {} if opts.regrade else _previous_rows(out)
     jobs_file = out / "slurm" / "jobs.json"
-    jobs: dict[str, dict[str, Any]] = {} if regrade else (_read_json(jobs_file) or {})
-    todo = results.students(folder, entry)
+    jobs: dict[str, dict[str, Any]] = {} if opts.regrade else (_read_json(jobs_file) or {})
+    todo = results.students(folder, opts.entry)
     rows: dict[str, dict[str, Any]] = {}
     watch: dict[str, dict[str, Any]] = {}  # student -> its job entry
     queued = queue([j["job"].split("_")[0] for j in jobs.values()]) if jobs else {}
     submit = _sort_out(todo, done, jobs, queued, target.name, rows, watch, say)
     if submit:
-        _submit(
-            submit,
-            jobs,
-            jobs_file,
-            target,
-            out,
-            launcher=launcher,
-            nprocs=nprocs,
-            entry=entry,
-            unsafe=unsafe,
-            partition=partition,
-            gres=gres,
-            time_limit=time_limit,
-            extra=extra,
-            say=say,
-        )
+        _submit(submit, jobs, jobs_file, target, out, opts, launcher, nprocs, say)
         watch.update({i["student"]: jobs[i["student"]] for i in submit})
     try:
-        _wait(watch, rows, target, out, launcher, nprocs, poll_s, say)
+        _wait(watch, rows, target, out, launcher, nprocs, opts.poll_s, say)
     except KeyboardInterrupt:
         _interrupted(watch, rows, done, todo, target.name, out, say)
         raise
@@ -403,13 +376,10 @@ def _submit(
     jobs_file: Path,
     target: targets_mod.Target,
     out: Path,
-    *,
-    say: Callable[..., None],
+    opts: BatchOptions,
     launcher: str,
     nprocs: int,
-    entry: str,
-    unsafe: bool,
-    **sbatch_kw: Any,
+    say: Callable[..., None],
 ) -> None:
     stamp = time.strftime("%Y%m%d-%H%M%S") + f"-{time.time_ns() % 10**6:06d}"
     manifest = out / "slurm" / f"manifest-{stamp}.json"
@@ -420,8 +390,8 @@ def _submit(
             "target_path": str(Path(target.path).resolve()),
             "launcher": launcher,
             "nprocs": nprocs,
-            "entry": entry,
-            "unsafe": unsafe,
+            "entry": opts.entry,
+            "unsafe": opts.unsafe,
             "items": items,
         },
     )
@@ -429,15 +399,18 @@ def _submit(
         (rows_dir(out) / f"{item['student']}.json").unlink(missing_ok=True)
     script = out / "slurm" / "grade.sbatch"
     script.write_text(job_script())
-    array = (
-        _slurm(
-            sbatch_command(
-                script, manifest.resolve(), len(items), target, out.resolve(), **sbatch_kw
-            )
-        )
-        .strip()
-        .split(";")[0]
+    sbatch = sbatch_command(
+        script,
+        manifest.resolve(),
+        len(items),
+        target,
+        out.resolve(),
+        partition=opts.partition,
+        gres=opts.gres,
+        time_limit=opts.time_limit,
+        extra=opts.sbatch_args,
     )
+    array = _slurm(sbatch).strip().split(";")[0]
     for i, item in enumerate(items):
         jobs[item["student"]] = {
             "job": f"{array}_{i}",

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import psutil
@@ -26,7 +27,7 @@ import pytest
 import torch
 from conftest import reference_target, wait_started
 
-from assessment import calibrate, checkpoint, cli, grade, sandbox, targets
+from assessment import calibrate, checkpoint, cli, evaluate, grade, sandbox, targets
 from assessment.checkpoint import CheckpointRejected
 from assessment.report import REASONS, Report
 from lab_utils import data, models
@@ -186,6 +187,88 @@ def test_read_refuses_pickled_code_without_running_it(tmp_path: Path) -> None:
     assert marker.exists()
 
 
+# A checkpoint of 64 MiB of zeros, as torch.save writes it (stored) and re-packed with
+# deflate: 64 KiB on disk, 64 MiB once torch.load unpacks it (a zip bomb, 1000:1).
+UNPACKED_MB = 64
+
+
+def repack(src: Path, dest: Path) -> Path:
+    """``src`` with every entry deflate-compressed, streamed (never whole in memory)."""
+    with zipfile.ZipFile(src) as a, zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED) as b:
+        for entry in a.infolist():
+            with a.open(entry) as r, b.open(entry.filename, "w", force_zip64=True) as w:
+                shutil.copyfileobj(r, w, 2**20)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def zeros_checkpoints(tmp_path_factory) -> tuple[Path, Path]:
+    """(stored, bomb): the same 64 MiB checkpoint as torch.save wrote it, and re-packed."""
+    folder = tmp_path_factory.mktemp("zip-bomb")
+    zeros = torch.zeros(UNPACKED_MB * 2**18)  # float32: UNPACKED_MB MiB
+    stored = save(folder / "stored.pt", {"arch": "mlp", "kwargs": {}, "state_dict": {"w": zeros}})
+    del zeros
+    bomb = repack(stored, folder / "bomb.pt")
+    assert bomb.stat().st_size < 2**20 < UNPACKED_MB * 2**20  # under a 1 MB cap on disk
+    return stored, bomb
+
+
+def test_torch_save_stores_every_entry_uncompressed(tmp_path: Path) -> None:
+    """What the grader's refusal of compressed entries rests on, asked of torch itself."""
+    path = tmp_path / "checkpoint.pt"
+    models.save(path, models.build("resnet_cifar", width=8))
+    with zipfile.ZipFile(path) as archive:
+        kinds = {e.filename.split("/", 1)[1]: e.compress_type for e in archive.infolist()}
+    assert "data.pkl" in kinds and any(k.startswith("data/") for k in kinds)
+    assert set(kinds.values()) == {zipfile.ZIP_STORED}, kinds
+
+
+def test_a_checkpoint_that_unpacks_past_the_cap_is_refused_unread(zeros_checkpoints) -> None:
+    _, bomb = zeros_checkpoints
+    with pytest.raises(CheckpointRejected) as info:
+        checkpoint.read(bomb, 1)
+    assert info.value.reason == "bad_checkpoint"
+    assert f"unpack to {UNPACKED_MB} MB" in str(info.value) and "at most 1 MB" in str(info.value)
+
+
+def test_a_compressed_checkpoint_is_refused_though_it_fits(tmp_path: Path) -> None:
+    stored = save(tmp_path / "stored.pt", good_checkpoint())
+    assert checkpoint.read(stored, 10)["arch"] == "resnet_cifar"  # the control: accepted
+    packed = repack(stored, tmp_path / "checkpoint.pt")
+    with pytest.raises(CheckpointRejected) as info:
+        checkpoint.read(packed, 10)
+    assert info.value.reason == "unreadable_checkpoint" and "compressed" in str(info.value)
+
+
+def test_the_grader_refuses_a_zip_bomb_without_its_memory_growing(
+    zeros_checkpoints, tmp_path: Path
+) -> None:
+    """The evaluation process the grader runs (evaluate.run: a fresh ``python -I``)
+    refuses the bomb, and its peak memory grew by far less than the bomb unpacks to."""
+    _, bomb = zeros_checkpoints
+    (tmp_path / "work").mkdir()
+    shutil.copyfile(bomb, tmp_path / "work" / "checkpoint.pt")
+    split = grade.TestSplit(torch.zeros(4, 1, 28, 28), torch.arange(4), (0.5,), (0.25,))
+    split.save(tmp_path / "split.pt")
+    result = evaluate.run(tmp_path / "work", tmp_path / "split.pt", ["mlp"], 1, REPO)
+    assert result["reason"] == "bad_checkpoint", result
+    assert f"unpack to {UNPACKED_MB} MB" in result["message"]
+    assert 0 <= result["memory_mb"] < UNPACKED_MB / 4, result
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="RLIMIT_DATA: Linux")
+def test_reading_a_checkpoint_is_bounded_in_memory(zeros_checkpoints) -> None:
+    """A stored checkpoint within the cap, read under a bound smaller than it: refused
+    as the submission's fault when an allocation fails, not read."""
+    stored, _ = zeros_checkpoints
+    with evaluate.memory_bound(UNPACKED_MB // 2 * 2**20) as limit:
+        assert limit is not None
+        with pytest.raises(CheckpointRejected) as info:
+            checkpoint.read(stored, 2 * UNPACKED_MB)
+    assert info.value.reason == "bad_checkpoint" and "more memory" in str(info.value)
+    assert checkpoint.read(stored, 2 * UNPACKED_MB)["arch"] == "mlp"  # the bound is lifted
+
+
 def test_rebuild_checks_arch_kwargs_shapes_and_values() -> None:
     ok = good_checkpoint()
     allowed = ["resnet_cifar", "mlp"]
@@ -295,7 +378,7 @@ def test_cli_usage_and_target_errors_are_grader_errors(tmp_path: Path) -> None:
 def test_console_script_is_declared() -> None:
     text = (REPO / "pyproject.toml").read_text()
     assert 'lab-grade = "assessment.cli:main"' in text
-    for module in ("assessment.grade", "assessment.cli"):  # the documented spellings
+    for module in ("assessment", "assessment.cli"):  # the documented spellings
         result = subprocess.run(
             [sys.executable, "-m", module, "--help"],
             cwd=REPO,
@@ -378,6 +461,27 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_module_of_lab_utils_or_assessment_imports_itself_in_a_circle() -> None:
     cycles = import_cycles(import_graph(REPO, ["lab_utils", "assessment"]))
     assert cycles == [], [" -> ".join(c) for c in cycles]
+
+
+def test_only_the_entry_points_import_the_command_line() -> None:
+    """cli.py hands off to the subcommands, which never import it back, not even under
+    ``if __name__ == "__main__"`` (grade.py did): ``python -m assessment`` is
+    ``__main__.py``'s, ``lab-grade`` the console script's."""
+    importers = []
+    for path in sorted(ASSESSMENT.rglob("*.py")):
+        if path.name in ("cli.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom):  # relative imports resolved to the package
+                base = "assessment" + (f".{node.module}" if node.module else "")
+                base = base if node.level == 1 else node.module or ""
+                names = [base] + [f"{base}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            if "assessment.cli" in names:
+                importers.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert importers == []
 
 
 def test_an_import_circle_through_a_function_is_found(tmp_path: Path) -> None:

@@ -63,7 +63,7 @@ EXPECTED = {name: ONE_MACHINE[name] for name in CLASS}
 
 
 def lab_grade(*args: str) -> list[str]:
-    return [sys.executable, "-m", "assessment.grade", "batch", *args]
+    return [sys.executable, "-m", "assessment", "batch", *args]
 
 
 def _ctrl_c_works() -> None:

@@ -137,7 +137,7 @@ NOT_RUN = {
     # The assessment
     "lab-grade my_train.py": STUDENT_SCRIPT,
     "lab-grade my_train.py --target cpu-2proc --launcher mpirun --nprocs 2 --json report.json": STUDENT_SCRIPT,
-    "python -m assessment.grade my_train.py --target cpu-cifar-standin": STUDENT_SCRIPT,
+    "python -m assessment my_train.py --target cpu-cifar-standin": STUDENT_SCRIPT,
     "lab-grade assessment/starter.py --target cpu-2proc": GRADE_STARTER,
     "lab-grade my_train.py --target cpu-cifar-standin": STUDENT_SCRIPT,
     "lab-grade batch submissions/ --target cpu-2proc --out grades/": BATCH,
