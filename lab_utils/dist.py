@@ -11,34 +11,26 @@ One :func:`init` works under ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`
 process has a GPU and Gloo otherwise, and gives every collective a timeout so a
 crashed or missing peer ends the job with an error instead of a hang.
 
-A rank that joined a group (through :func:`init`, or torch's own calls after
-:func:`set_torch_env_from_launcher` or under a launcher) ends without interpreter
-finalization and with Python's own exit status (:func:`leave_at_exit`): torch 2.13's
-Gloo threads would otherwise abort or hang a job that finished its work.
+Importing this module changes nothing in the process, and no function here changes how
+the process ends: a script that joins a group arms :func:`lab_utils.gloo_exit.arm`
+itself, in one visible line (torch 2.13's Gloo threads would otherwise abort or hang a
+job that finished its work; that module says why).
 """
 
 from __future__ import annotations
 
-import atexit
 import builtins
 import dataclasses
-import dis
-import functools
-import gc
-import io
 import os
 import sys
-import types
-import weakref
 import zlib
-from collections.abc import Callable, MutableMapping
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from . import metrics, port_agreement, profile
 from .net import free_port
@@ -186,12 +178,10 @@ def set_torch_env_from_launcher(env: dict[str, str] | None = None) -> LaunchEnv:
     none. This fills in whatever is missing (a free port, which the ranks of one
     machine agree on through :func:`with_port`; loopback for Gloo on one machine), so
     that ``torch.distributed.init_process_group(backend)`` works the same under every
-    launcher, and arms :func:`leave_at_exit` (the job ends without an abort at exit).
-    Nothing else: the script makes the calls.
+    launcher. Nothing else: the script makes the calls (and arms
+    :func:`lab_utils.gloo_exit.arm` itself).
     """
     target = os.environ if env is None else env
-    if env is None:
-        leave_at_exit()
     le = with_port(detect(target))
     if le.launcher == "single":
         le = dataclasses.replace(le, master_addr=le.master_addr or "127.0.0.1")
@@ -275,7 +265,6 @@ def init(
             "GPU(s): NCCL needs one GPU per rank. Start one process per GPU "
             "(torchrun --nproc-per-node N), or run on the CPU with CUDA_VISIBLE_DEVICES=''."
         )
-    leave_at_exit()
     if le.world_size == 1:  # a one-rank group needs no rendezvous: an in-process store
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         _info = DistInfo(0, 1, 0, 1, backend, device, le.launcher)
@@ -400,209 +389,15 @@ def average_metrics(metrics: dict[str, float]) -> dict[str, float]:
 def shutdown() -> None:
     """Leave the job: a barrier, then ``destroy_process_group()``.
 
-    Every rank leaves together, so none tears down a connection a peer still uses. The
-    groups then stay referenced until the process ends, which it does without
-    finalizing the interpreter (:func:`leave_at_exit`), whatever else still holds them
-    (DDP's reducer, FSDP's state, a DTensor's mesh).
+    Every rank leaves together, so none tears down a connection a peer still uses. What
+    else still holds the groups (DDP's reducer, FSDP's state, a DTensor's mesh) can
+    still abort or hang the process at its exit under Gloo, unless the script armed
+    :func:`lab_utils.gloo_exit.arm`.
     """
     global _info
     if dist.is_initialized():
-        leave_at_exit()
         try:
             dist.barrier()
         finally:
             dist.destroy_process_group()
     _info = None
-
-
-# ------------------------------------------------------------------ the exit of a rank
-# A Gloo work keeps the caller's thread-local state, Python objects included; the worker
-# thread that finishes it releases it a moment after wait() returned, and that takes the
-# GIL. Two ways this ends a job that did all its work (torch 2.13 cannot join the
-# workers while anything references the group: Gloo's shutdown() does not, and DDP's
-# reducer, FSDP's state, a DeviceMesh or a script's variable keep the group alive):
-# * the last reference to a destroyed group goes while Python runs (DDP dropped at the
-#   end of main): its destructor joins the workers holding the GIL that one of them
-#   waits for: the rank hangs;
-# * the interpreter is finalizing: CPython ends a thread that takes the GIL with
-#   pthread_exit, whose unwinding through a C++ destructor calls std::terminate
-#   ("terminate called without an active exception", SIGABRT).
-# So every group destroyed in this process stays referenced here until the process
-# ends, and the process ends without finalizing the interpreter: at exit, after every
-# other exit handler has run and the files are flushed, os._exit with the status Python
-# would have given. Where that status is not known for certain, Python exits as usual
-# (a failure's status is never replaced).
-
-_kept_groups: list[Any] = []  # destroyed groups: deleted by no one, joined by no one
-
-_RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
-
-
-@dataclass
-class _ExitWatch:
-    """What the exit hook needs to know: how ``__main__`` ended, and with which status."""
-
-    main_frame: types.FrameType | None
-    exit_ref: weakref.ref | None = None  # keeps the callback on the last sys.exit exception
-    exited: tuple[Any] | None = None  # its status, once Python dropped it after __main__ ended
-
-
-class _Once:
-    """An exit handler registered after the hook: it runs before it, and not again when
-    the hook runs the handlers registered before it. Equal to its function, so that
-    ``atexit.unregister(func)`` still finds it."""
-
-    def __init__(self, func: Callable[..., Any]) -> None:
-        self.func, self.done = func, False
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not self.done:
-            self.done = True
-            return self.func(*args, **kwargs)
-        return None
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or other == self.func
-
-    def __hash__(self) -> int:
-        return hash(self.func)
-
-
-class _Exit(SystemExit):
-    """``sys.exit``'s exception, weakly referable: the hook sees when Python drops it."""
-
-
-_watch: _ExitWatch | None = None
-
-
-def _running(frame: types.FrameType | None) -> bool:
-    """Whether ``frame`` is on the current call stack (still executing)."""
-    f = sys._getframe()
-    while f is not None and f is not frame:
-        f = f.f_back
-    return f is not None
-
-
-def _main_frame() -> types.FrameType | None:
-    """The frame running the ``__main__`` module's code (None under ``python -c``...)."""
-    main = sys.modules.get("__main__")
-    frame, found = sys._getframe(), None
-    while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals is getattr(
-            main, "__dict__", None
-        ):
-            found = frame
-        frame = frame.f_back
-    return found
-
-
-def leave_at_exit() -> None:
-    """Keep destroyed groups alive, and end this process without interpreter finalization.
-
-    :func:`init` calls it when it joins a process group, as does
-    :func:`set_torch_env_from_launcher` (scripts that make the torch calls themselves)
-    and importing this module in a launched rank. The status is Python's own: 0 when
-    ``__main__`` ran to its end, 1 after an uncaught exception (its traceback printed
-    first), ``n`` for ``sys.exit(n)``; anything else (``raise SystemExit``, Ctrl-C, a
-    failed flush) leaves the exit to Python.
-    """
-    global _watch
-    if _watch is not None:
-        return
-    _watch = _ExitWatch(_main_frame())
-    real_register = atexit.register
-
-    def exit_(status: Any = None) -> None:
-        exc = _Exit(status)
-        if _watch is not None:
-            _watch.exited = None
-
-            def dropped(_ref: weakref.ref) -> None:  # caught and dropped inside main: not the end
-                if _watch is not None and not _running(_watch.main_frame):
-                    _watch.exited = (status,)
-
-            _watch.exit_ref = weakref.ref(exc, dropped)
-        try:
-            raise exc
-        finally:
-            del exc  # no cycle through this frame: Python frees it as soon as it is done
-
-    def register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        real_register(_Once(func), *args, **kwargs)
-        return func
-
-    real_destroy = c10d.destroy_process_group
-
-    @functools.wraps(real_destroy)
-    def destroy_process_group(group: Any = None) -> None:
-        world = c10d._world.pg_map
-        _kept_groups.extend(world if group in (None, dist.GroupMember.WORLD) else [group])
-        real_destroy(group)
-
-    sys.exit, atexit.register = exit_, register
-    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
-    real_register(_exit_without_finalizing)
-
-
-def _exit_status(watch: _ExitWatch) -> int | None:
-    """The status Python would exit with, or None when it is not known for certain."""
-    frame = watch.main_frame
-    if frame is not None and frame.f_lasti >= 0 and frame.f_code.co_code[frame.f_lasti] in _RETURNS:
-        return 0  # __main__ ran to its end
-    raised = getattr(sys, "last_value", None)  # Python's record of an uncaught exception
-    if raised is not None:
-        return None if isinstance(raised, KeyboardInterrupt) else 1
-    if watch.exited is None:
-        return None  # a SystemExit that sys.exit did not raise, or one caught inside main
-    status = watch.exited[0]
-    if status is None:
-        return 0
-    return status & 0xFF if isinstance(status, int) else 1  # Python printed the message
-
-
-def _flush_open_files() -> bool:
-    """Flush every open Python file as finalization would; False if stdout or stderr fails."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except (OSError, ValueError):
-            return False
-    for obj in gc.get_objects():
-        if issubclass(type(obj), io.IOBase):  # not isinstance: no proxy's __class__ is read
-            try:
-                if not obj.closed:
-                    obj.flush()
-            except (OSError, ValueError):
-                pass  # finalization too would only report it; the status stays
-    return True
-
-
-def _exit_without_finalizing() -> None:
-    """The exit hook: run the exit handlers registered before this one, then os._exit."""
-    watch = _watch
-    if watch is None:
-        return
-    status = _exit_status(watch)
-    if status is None:
-        watch.main_frame = None  # finalization then clears __main__ as it would unhooked
-        return
-    atexit.unregister(_exit_without_finalizing)
-    # The handlers registered before this one (logging, multiprocessing, weakref.finalize);
-    # those registered after it have run, and are _Once.
-    atexit._run_exitfuncs()
-    if _flush_open_files():
-        os._exit(status)
-
-
-def _arm_in_a_launched_rank() -> None:
-    """A rank started by a launcher may join a group with torch's own calls: arm the hook."""
-    try:
-        launched = detect().launcher != "single"
-    except (RuntimeError, ValueError):
-        return  # init() reports a bad launcher environment
-    if launched:
-        leave_at_exit()
-
-
-_arm_in_a_launched_rank()

@@ -24,7 +24,7 @@ import math
 from collections.abc import Callable, Iterator
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch import nn
 
 from lab_utils import models
@@ -67,13 +67,13 @@ class _AllToAll(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         out = torch.empty_like(x)
-        tdist.all_to_all_single(out, x.contiguous(), group=group)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out = torch.empty_like(grad)
-        tdist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
         return out, None
 
 
@@ -99,7 +99,7 @@ class MoE(nn.Module):
         self.router = nn.Linear(d_model, n_experts, bias=False)
         # keyed by the global expert index, so a rank holding some experts keeps their names
         self.experts = nn.ModuleDict({str(e): Expert(d_model, hidden) for e in range(n_experts)})
-        self.group: tdist.ProcessGroup | None = None  # set by expert_parallel
+        self.group: dist.ProcessGroup | None = None  # set by expert_parallel
         self.route: Router = top_k_route
         self.stats: dict = {}
 
@@ -151,7 +151,7 @@ class MoE(nn.Module):
             return torch.stack(
                 [self.experts[str(e)](buffers[:, e]) for e in range(self.n_experts)], 1
             )
-        n = tdist.get_world_size(self.group)
+        n = dist.get_world_size(self.group)
         local = self.n_experts // n
         g, e, cap, d = buffers.shape  # g == 1: this rank's tokens
         sent = _AllToAll.apply(buffers.reshape(n, local, cap, d), self.group)  # (source rank, …)
@@ -174,11 +174,11 @@ class MoE(nn.Module):
         return out.index_add(0, token, flat[where] * gates.unsqueeze(1))
 
 
-def expert_parallel(model: nn.Module, group: tdist.ProcessGroup | None = None) -> list[int]:
+def expert_parallel(model: nn.Module, group: dist.ProcessGroup | None = None) -> list[int]:
     """Keep on this rank only its share of every MoE layer's experts (rank r of n holds
     experts r·E/n … (r+1)·E/n − 1) and route through ``group``. Returns those indices."""
-    group = group or tdist.group.WORLD
-    n, rank = tdist.get_world_size(group), tdist.get_rank(group)
+    group = group or dist.group.WORLD
+    n, rank = dist.get_world_size(group), dist.get_rank(group)
     mine: list[int] = []
     for layer in model.modules():
         if isinstance(layer, MoE):
@@ -207,17 +207,17 @@ def aux_loss(model: nn.Module) -> torch.Tensor:
 def count_all_to_all() -> Iterator[list[int]]:
     """Bytes of each ``all_to_all_single`` call (its full input tensor) inside the block."""
     seen: list[int] = []
-    original = tdist.all_to_all_single
+    original = dist.all_to_all_single
 
     def counted(output: torch.Tensor, input: torch.Tensor, *args, **kwargs):
         seen.append(input.numel() * input.element_size())
         return original(output, input, *args, **kwargs)
 
-    tdist.all_to_all_single = counted
+    dist.all_to_all_single = counted
     try:
         yield seen
     finally:
-        tdist.all_to_all_single = original
+        dist.all_to_all_single = original
 
 
 def all_to_all_bytes(

@@ -13,10 +13,11 @@ from collections.abc import Mapping
 
 import psutil
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 from torch import nn
 
-from . import dist, models, profile, text
+from . import dist as labdist
+from . import models, profile, text
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -93,7 +94,7 @@ def require(ok: bool, message: str) -> None:
     started with ``python`` exits with status 2."""
     if ok:
         return
-    env = dist.detect()
+    env = labdist.detect()
     if env.local_rank != 0:
         sys.exit(0)
     print(f"error: {message}", file=sys.stderr, flush=True)
@@ -111,7 +112,7 @@ def require(ok: bool, message: str) -> None:
 def require_batch_split(batch_size: int) -> int:
     """:func:`require` that the global batch splits evenly over the job's processes;
     returns their number."""
-    n = dist.detect().world_size
+    n = labdist.detect().world_size
     require(
         batch_size % n == 0,
         f"the global batch {batch_size} cannot be split over {n} "
@@ -145,10 +146,10 @@ def gather_on_rank0(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
     """Union of every rank's ``{name: tensor}`` (as CPU copies) on rank 0; ``None``
     elsewhere. Works for one process too."""
     local = {k: v.detach().cpu().clone() for k, v in tensors.items()}
-    if not tdist.is_initialized():
+    if not dist.is_initialized():
         return local
-    pieces: list | None = [None] * tdist.get_world_size() if tdist.get_rank() == 0 else None
-    tdist.gather_object(local, pieces, dst=0)
+    pieces: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, pieces, dst=0)
     if pieces is None:
         return None
     out: dict[str, torch.Tensor] = {}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 
 Pass = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -118,10 +118,10 @@ def score_blocks(rank: int, world: int, layout: str) -> int:
 def _exchange(t: torch.Tensor, to: int, frm: int, group=None) -> torch.Tensor:
     out = torch.empty_like(t)
     ops = [
-        tdist.P2POp(tdist.isend, t.contiguous(), to, group),
-        tdist.P2POp(tdist.irecv, out, frm, group),
+        dist.P2POp(dist.isend, t.contiguous(), to, group),
+        dist.P2POp(dist.irecv, out, frm, group),
     ]
-    for work in tdist.batch_isend_irecv(ops):
+    for work in dist.batch_isend_irecv(ops):
         work.wait()
     return out
 
@@ -130,10 +130,10 @@ class _RingPass(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t, group):
         ctx.group = group
-        rank, world = tdist.get_rank(group), tdist.get_world_size(group)
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
         ctx.peers = (
-            tdist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world,
-            tdist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world,
+            dist.get_global_rank(group, (rank - 1) % world) if group else (rank - 1) % world,
+            dist.get_global_rank(group, (rank + 1) % world) if group else (rank + 1) % world,
         )
         prev, nxt = ctx.peers
         return _exchange(t, nxt, prev, group)

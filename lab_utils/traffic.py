@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as tdist
+import torch.distributed as dist
 
 # function name -> (counted as, which argument holds the full-size tensor)
 # (FSDP2 calls the *_single names in recent torch, the *_tensor ones before.)
@@ -44,7 +44,7 @@ class Counter(defaultdict):
 def count() -> Iterator[Counter]:
     """Wrap the collectives of ``torch.distributed`` and count their bytes."""
     counter = Counter()
-    originals = {name: getattr(tdist, name) for name in _WRAPPED if hasattr(tdist, name)}
+    originals = {name: getattr(dist, name) for name in _WRAPPED if hasattr(dist, name)}
 
     def wrap(name: str) -> Any:
         kind, pos, key = _WRAPPED[name]
@@ -59,12 +59,12 @@ def count() -> Iterator[Counter]:
         return counted
 
     for name in originals:
-        setattr(tdist, name, wrap(name))
+        setattr(dist, name, wrap(name))
     try:
         yield counter
     finally:
         for name, fn in originals.items():
-            setattr(tdist, name, fn)
+            setattr(dist, name, fn)
 
 
 def ddp_hook() -> Any:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dist as ldist
+from . import dist as labdist
 from . import metrics as lmetrics
 from . import models
 from .models import unwrap
@@ -128,7 +128,7 @@ def evaluate(
         sums[1] += (out.argmax(1) == yb).sum()
         sums[2] += yb.shape[0]
     net.train(was_training)
-    loss_sum, correct, n = ldist.all_reduce_sum(sums).tolist()
+    loss_sum, correct, n = labdist.all_reduce_sum(sums).tolist()
     if n == 0:
         raise ValueError("evaluate() got an empty loader")
     return {"loss": loss_sum / n, "acc": correct / n, "n": int(n)}
@@ -191,7 +191,7 @@ class Trainer:
             model.to(self.device)  # a DDP wrapper already sits on its device
         self.callbacks = list(callbacks)
         self.max_seconds = max_seconds
-        self.is_main = ldist.is_main()
+        self.is_main = labdist.is_main()
         if progress is None:
             progress = _in_notebook() or sys.stderr.isatty()
         self.progress = bool(progress) and self.is_main
@@ -331,7 +331,7 @@ class Trainer:
     def _end_epoch(self, sums: torch.Tensor, step_lrs: list[float]) -> dict[str, float]:
         """The epoch's loss and accuracy over every rank's samples."""
         self._check_finite(sums[0])
-        loss_sum, correct, n = ldist.all_reduce_sum(sums).tolist()
+        loss_sum, correct, n = labdist.all_reduce_sum(sums).tolist()
         self.epoch += 1
         return {
             "epoch": self.epoch,
@@ -358,13 +358,13 @@ class Trainer:
                 f"time budget of {self.max_seconds:g}s spent",
             )
         flag = torch.tensor([1.0 if self.stop_training else 0.0], dtype=torch.float64)
-        others = ldist.world_size() > 1 and ldist.all_reduce_sum(flag).item() > 0
+        others = labdist.world_size() > 1 and labdist.all_reduce_sum(flag).item() > 0
         if others and not self.stop_training:
             self.stop_training, self.stop_reason = True, "another rank stopped"
 
     def _check_finite(self, value: torch.Tensor) -> None:
         bad = torch.tensor([0.0 if math.isfinite(float(value)) else 1.0], dtype=torch.float64)
-        if ldist.all_reduce_sum(bad).item() > 0:
+        if labdist.all_reduce_sum(bad).item() > 0:
             raise FloatingPointError(
                 f"training diverged: the loss is not finite at step {self.step} "
                 f"(epoch {self.epoch + 1}). Lower the learning rate or add warm-up."

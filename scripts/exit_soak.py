@@ -10,6 +10,10 @@ before it aborts). Each job runs with the smallest sizes its options allow, in t
 ``quick`` profile, from a fresh temporary folder (the files a job writes start anew).
 Run it under ``nice -n 10`` on a shared machine. The last lines are a Markdown table:
 job, launcher, runs, clean, abnormal, and the kinds of abnormal endings.
+
+The jobs are every script that joins a process group (each arms
+``lab_utils.gloo_exit.arm()``, the workaround this soak measures; tests/test_gloo_exit.py
+checks that none is missing here) and the Horovod scripts, which join none.
 """
 
 import collections
@@ -26,6 +30,7 @@ sys.path.insert(0, str(REPO))
 from lab_utils import data, launch, profile  # noqa: E402
 
 LAB2 = REPO / "labs" / "lab2_data_parallel" / "scripts"
+LAB3 = REPO / "labs" / "lab3_large_batch" / "scripts"
 LAB4 = REPO / "labs" / "lab4_model_parallel" / "scripts"
 LAB5 = REPO / "labs" / "lab5_systems" / "scripts"
 LAB6 = REPO / "labs" / "lab6_efficiency" / "scripts"
@@ -93,6 +98,10 @@ JOBS = {
     "uneven_shards": Job(LAB2 / "uneven_shards.py", ("--fix", "join", "--batches", "2")),
     "train_ddp": Job(LAB2 / "train_ddp.py", tuple(TRAIN)),
     "train_horovod": Job(LAB2 / "train_horovod.py", tuple(TRAIN), launcher="horovodrun"),
+    "train_large_batch": Job(
+        LAB3 / "train_large_batch.py",
+        ("--epochs", "1", "--batch-per-worker", "16", "--n-train", "256", "--n-test", "128"),
+    ),
     "hybrid": Job(LAB4 / "hybrid.py", (*TRANSFORMER, "--tp", "2")),
     "pipeline": Job(
         LAB4 / "pipeline.py",
@@ -188,6 +197,12 @@ JOBS = {
         launcher="mpirun",
     ),
     "predicted_bytes": Job(LAB6 / "predicted_bytes.py", ("--strategies", "ddp", "pp")),
+    "reference_ddp": Job(
+        REPO / "assessment" / "solutions" / "reference_ddp.py",
+        ("--dataset", "synthetic-cifar10", "--epochs", "1"),
+        stand_in=256,
+    ),
+    "tiny_submission": Job(REPO / "benchmarks" / "jobs" / "tiny_submission.py", stand_in=256),
     "reference_horovod": Job(
         REPO / "assessment" / "solutions" / "reference_horovod.py",
         ("--dataset", "synthetic-cifar10", "--epochs", "1"),

@@ -3,17 +3,14 @@
 A Gloo worker thread that releases a finished work needs the GIL: once the interpreter
 is finalizing, that ends the process with "terminate called without an active
 exception" (SIGABRT); while a group's destructor joins the thread, the rank hangs.
-``lab_utils.dist`` keeps destroyed groups referenced and makes a rank leave without
-finalizing the interpreter, with Python's own exit status. These tests run one small
-job per wrapper several times, prove that the detector flags an abort, and that a
-rank that fails still exits with its failure.
+``lab_utils.gloo_exit.arm()``, called by the job, keeps destroyed groups referenced and
+makes a rank leave without finalizing the interpreter, with Python's own exit status
+(how an armed process ends: tests/test_gloo_exit.py). These tests run one small job per
+wrapper several times, prove that the detector flags an abort, and that a rank that
+fails still exits with its failure.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -32,8 +29,8 @@ WRAPPERS = ["ddp", "zero", "fsdp", "dtensor"]
 # probability 1 - (29/30)^8 = 24 %): the soak that measures it is
 # `python scripts/exit_soak.py --runs 50 all`, run by hand. Here every wrapper's job runs
 # twice, a tripwire that also proves each one ends cleanly at all; what decides it
-# deterministically is checked below: a launched rank never finalizes the interpreter
-# (where a Gloo thread is killed), and it keeps Python's exit status.
+# deterministically is checked in tests/test_gloo_exit.py: an armed rank never finalizes
+# the interpreter (where a Gloo thread is killed), and it keeps Python's exit status.
 RUNS = 2
 
 
@@ -124,67 +121,3 @@ def test_a_rank_that_raises_after_its_work_still_fails_with_its_traceback():
 def test_sys_exit_keeps_its_status():
     result = job("ddp", "--exit", "3")
     assert not result.ok and "exitcode  : 3" in result.output
-
-
-# One process with a launcher's environment (the hook is armed), no group: how it ends,
-# and whether it skipped finalization (only where Python's status is known for certain).
-ENDINGS = {
-    "runs to its end": ("print('done')", 0, True),
-    "raises": ("def main():\n    raise RuntimeError('boom')\nmain()", 1, True),
-    "sys.exit(3) in main": ("def main():\n    sys.exit(3)\nmain()", 3, True),
-    "sys.exit with a message": ("sys.exit('bad input')", 1, True),
-    "raise SystemExit(5)": ("raise SystemExit(5)", 5, False),
-    "sys.exit(0) caught, then SystemExit(4)": (
-        "def main():\n    try:\n        sys.exit(0)\n    except SystemExit:\n        pass\n"
-        "    raise SystemExit(4)\nmain()",
-        4,
-        False,
-    ),
-    "sys.exit(2) caught, then main returns": (
-        "def main():\n    try:\n        sys.exit(2)\n    except SystemExit:\n        pass\nmain()",
-        0,
-        True,
-    ),
-    "Ctrl-C": ("raise KeyboardInterrupt", -2, False),  # Python ends itself with SIGINT
-}
-# An object alive at exit: finalization calls its __del__, os._exit does not.
-FINALIZED = "class Last:\n    def __del__(self):\n        print('finalized', file=sys.stderr)\nlast = Last()\n"
-
-
-def run_alone(tmp_path, code: str, launched: bool = True) -> subprocess.CompletedProcess:
-    script = tmp_path / "job.py"
-    script.write_text(
-        "import atexit, sys\n"
-        "atexit.register(print, 'handler before', file=sys.stderr)\n"
-        "from lab_utils import dist\n"
-        "atexit.register(print, 'handler after', file=sys.stderr)\n" + FINALIZED + code + "\n"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    if launched:
-        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    return subprocess.run(
-        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
-    )
-
-
-@pytest.mark.parametrize(("code", "status", "fast"), ENDINGS.values(), ids=ENDINGS.keys())
-def test_a_rank_exits_with_pythons_own_status(tmp_path, code, status, fast):
-    done = run_alone(tmp_path, code)
-    assert done.returncode == status, done.stderr
-    assert ("finalized" not in done.stderr) == fast, done.stderr
-    # every other exit handler runs once, those registered before the hook too
-    assert done.stderr.count("handler before") == done.stderr.count("handler after") == 1
-    if "RuntimeError" in code:
-        assert "Traceback" in done.stderr and "RuntimeError: boom" in done.stderr
-    if "KeyboardInterrupt" in code:
-        assert "Traceback" in done.stderr and "KeyboardInterrupt" in done.stderr
-
-
-def test_a_launched_rank_flushes_the_files_it_left_open(tmp_path):
-    code = "f = open(sys.argv[0] + '.out', 'w')\nf.write('kept')"
-    for launched in (True, False):
-        done = run_alone(tmp_path, code, launched=launched)
-        assert done.returncode == 0
-        assert ("finalized" in done.stderr) is not launched
-        assert (tmp_path / "job.py.out").read_text() == "kept"  # never closed, still written
-        (tmp_path / "job.py.out").unlink()

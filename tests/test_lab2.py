@@ -588,7 +588,7 @@ def test_ddp_script_trains_at_every_process_count(n, launcher):
     exit in about a third of the runs ("terminate called without an active exception"):
     a worker thread released the last all-reduced tensor while Python was shutting down.
     DDP holds the default group here; the rank leaves through
-    ``lab_utils.dist.leave_at_exit`` (armed by set_torch_env_from_launcher), which never
+    ``lab_utils.gloo_exit`` (armed by the script's own ``gloo_exit.arm()``), which never
     finalizes the interpreter under those threads. These 6 runs are the DDP script's
     exit tripwire in CI (tests/test_clean_exit.py: the wrappers, and the soak to run by
     hand)."""

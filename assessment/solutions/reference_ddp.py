@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from assessment.starter import CHECKPOINT, RECIPES, VALIDATION_SHARE, parse_args
-from lab_utils import data, models, optim
+from lab_utils import data, gloo_exit, models, optim
 from lab_utils import dist as labdist
 from lab_utils.loader import TensorLoader
 from lab_utils.train import evaluate
@@ -42,6 +42,10 @@ PER_PROCESS_BATCH = {"fashion-mnist": 128}
 
 def join() -> tuple[int, int, torch.device, str]:
     """Phase 1: join the job: (rank, world size, this process's device, launcher)."""
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     launcher = labdist.set_torch_env_from_launcher().launcher
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ["LOCAL_RANK"])

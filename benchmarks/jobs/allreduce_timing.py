@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from lab_utils import collectives, metrics
+from lab_utils import collectives, gloo_exit, metrics
 from lab_utils import dist as labdist
 
 
@@ -44,6 +44,10 @@ def slowest_rank_seconds(fn) -> float:
 
 def main() -> None:
     args = parse_args()
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(backend="gloo")  # CPU tensors, also on a machine with GPUs
     comm = collectives.TorchComm()
     for nbytes in args.sizes:

@@ -20,7 +20,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import dist
+from lab_utils import dist, gloo_exit
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
 
@@ -48,6 +48,7 @@ def main() -> None:
     p.add_argument("--raise", dest="fail", action="store_true")
     p.add_argument("--abort", action="store_true")
     args = p.parse_args()
+    gloo_exit.arm()  # no abort or hang at exit under Gloo, as the course's scripts do
     info = dist.init()
     torch.manual_seed(0)
     model, opt = wrap(

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
-from lab_utils import data, dist, models, paths
+from lab_utils import data, dist, gloo_exit, models, paths
 
+gloo_exit.arm()  # no abort or hang at exit under Gloo, as the course's scripts do
 info = dist.init()
 if info.is_main:
     places = [

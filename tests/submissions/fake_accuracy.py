@@ -3,8 +3,9 @@ untrained model."""
 
 import torch
 
-from lab_utils import dist, metrics, models
+from lab_utils import dist, gloo_exit, metrics, models
 
+gloo_exit.arm()  # no abort or hang at exit under Gloo, as the course's scripts do
 info = dist.init()
 dist.print0("epoch 1/1  loss 0.0100  acc 99.90%")
 dist.print0("test accuracy 99.90% on 10000 images")

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import data, dist, models
+from lab_utils import data, dist, gloo_exit, models
 
+gloo_exit.arm()  # no abort or hang at exit under Gloo, as the course's scripts do
 info = dist.init()
 torch.manual_seed(0)
 ds = data.load("fashion-mnist").holdout(0.05)

@@ -4,8 +4,9 @@ a symbolic link to it as checkpoint.pt."""
 import os
 from pathlib import Path
 
-from lab_utils import dist, models
+from lab_utils import dist, gloo_exit, models
 
+gloo_exit.arm()  # no abort or hang at exit under Gloo, as the course's scripts do
 info = dist.init()
 if info.is_main:
     elsewhere = Path.cwd().parent / "elsewhere"

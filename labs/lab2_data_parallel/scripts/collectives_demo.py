@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from lab_utils import dist as labdist
+from lab_utils import gloo_exit
 
 
 def show(name: str, before: torch.Tensor, after) -> None:
@@ -17,6 +18,10 @@ def show(name: str, before: torch.Tensor, after) -> None:
 
 
 def main() -> None:
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     rank, world_size = info.rank, info.world_size
     dev = info.device  # Gloo works on CPU tensors, NCCL on GPU tensors

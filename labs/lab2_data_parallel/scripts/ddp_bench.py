@@ -17,7 +17,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, profile
+from lab_utils import gloo_exit, metrics, models, profile
 
 
 def parse_args() -> argparse.Namespace:
@@ -94,6 +94,10 @@ def run_steps(model: DDP, opt, batch, steps: int, accum: int) -> float:
 
 def main() -> None:
     args = parse_args()
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     device = info.device
     shape = (1, 28, 28) if args.arch == "fmnist_cnn" else (3, 32, 32)

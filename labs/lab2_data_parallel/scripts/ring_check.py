@@ -12,7 +12,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from lab_utils import collectives, metrics
+from lab_utils import collectives, gloo_exit, metrics
 from lab_utils import dist as labdist
 
 
@@ -125,6 +125,10 @@ def traffic(numel: int, group, comm) -> None:
 
 def main() -> None:
     args = parse_args()
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     if info.world_size < 2:
         raise SystemExit("run me with at least 2 processes (torchrun --nproc-per-node 2 ...)")

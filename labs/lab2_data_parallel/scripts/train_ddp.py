@@ -17,6 +17,7 @@ import torch.distributed as dist  # [1]
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP  # [4]
 
+import lab_utils.gloo_exit as gloo_exit  # [1]
 from lab_utils import data, metrics, models, optim  # [5]
 from lab_utils.dist import set_torch_env_from_launcher  # [1]
 from lab_utils.loader import TensorLoader
@@ -48,6 +49,9 @@ def main() -> None:
     args = common.parse_args(p)
     # [1] mpirun/srun/horovodrun: set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* as torchrun does
     launcher = set_torch_env_from_launcher().launcher
+    # [1] Gloo's threads (torch 2.13) can abort or hang a rank at exit: it now ends by os._exit
+    # with Python's status (sys.exit, atexit.register, destroy_process_group wrapped: gloo_exit.py)
+    gloo_exit.arm()
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])  # [1]
     local_rank = int(os.environ["LOCAL_RANK"])  # [2] this process's index on its machine
     torch.manual_seed(args.seed)

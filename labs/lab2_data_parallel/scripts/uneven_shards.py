@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
+from lab_utils import gloo_exit
 from lab_utils.loader import TensorLoader
 
 
@@ -31,6 +32,10 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     n_samples = info.world_size * args.batches * args.batch_size + 1  # one too many
     g = torch.Generator().manual_seed(0)

@@ -16,7 +16,7 @@ import argparse
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import data, metrics, models, optim, profile
+from lab_utils import data, gloo_exit, metrics, models, optim, profile
 from lab_utils import dist as labdist
 from lab_utils.loader import TensorLoader
 from lab_utils.train import Trainer
@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> dict:
     """Train, print and emit the summary (rank 0), and return it."""
     args = parse_args(argv)
     info = labdist.init()
+    if info.distributed:  # a group was joined (notebook 3 also calls main() in its kernel)
+        # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on
+        # it ends by os._exit with Python's own status (sys.exit, atexit.register and
+        # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+        gloo_exit.arm()
     device = info.device
     ds = data.load("fashion-mnist").subset(args.n_train or None, args.n_test or None)
     train = TensorLoader.from_dataset(

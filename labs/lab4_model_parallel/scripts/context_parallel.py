@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lab_utils import dist as labdist
-from lab_utils import memory, metrics, models, parallel, profile
+from lab_utils import gloo_exit, memory, metrics, models, parallel, profile
 from lab_utils import ring_attention as ring
 from lab_utils.solutions import lab4 as reference
 
@@ -264,7 +264,8 @@ def context_parallel_part(
         q, k, v, _ = qkv(args, seq_len, device)
         saved, flops = {}, {}
         for layout, (cut, attend) in LAYOUTS.items():
-            mine = [cut(t, rank, world_size).requires_grad_() for t in (q, k, v)]
+            # a copy, as ring_step makes: a view would keep (and meter) the whole sequence
+            mine = [cut(t, rank, world_size).clone().requires_grad_() for t in (q, k, v)]
             counter = memory.SavedTensorCounter()
             with counter.hooks(), FlopCounterMode(display=False) as flop_counter:
                 attend(*mine, rank, world_size, ring.Ring())
@@ -409,6 +410,10 @@ def main() -> None:
         f"--heads {args.heads} must be a multiple of the {world_size} processes and divide "
         f"--d-model {args.d_model}",
     )
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     sequence_parallel_part(args, info.rank, world_size, info.device)
     context_parallel_part(args, info.rank, world_size, info.device)

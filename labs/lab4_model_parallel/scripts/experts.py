@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from lab_utils import dist as labdist
-from lab_utils import memory, metrics, models, moe, parallel, profile, text
+from lab_utils import gloo_exit, memory, metrics, models, moe, parallel, profile, text
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -153,6 +153,10 @@ def main() -> None:
     args = parse_args()
     world_size = labdist.detect().world_size
     check_args(args, world_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
     rank, device = info.rank, info.device
     data = parallel.corpus(args)

@@ -25,7 +25,7 @@ from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import parallelize_module
 
 from lab_utils import dist as labdist
-from lab_utils import memory, metrics, models, parallel, profile, traffic
+from lab_utils import gloo_exit, memory, metrics, models, parallel, profile, traffic
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # no in-place ops on outputs
 warnings.filterwarnings("ignore", message="Full backward hook is firing")  # stage 0 takes ids
@@ -154,6 +154,10 @@ def save(args: argparse.Namespace, state: dict, dp: int) -> None:
 def main() -> None:
     args = parse_args()
     dp = check_args(args, labdist.detect().world_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     mesh = init_device_mesh(info.device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")

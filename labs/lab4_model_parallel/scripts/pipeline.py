@@ -23,7 +23,7 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, parallel, profile, text, timeline
+from lab_utils import gloo_exit, metrics, models, parallel, profile, text, timeline
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -259,6 +259,10 @@ def save(args: argparse.Namespace, model: models.CharTransformer, layers: Layers
 def main() -> None:
     args = parse_args()
     check_args(args, labdist.detect().world_size)  # one stage per process
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     model = parallel.build_model(args).to(info.device)
     reference = copy.deepcopy(model) if info.rank == 0 else None  # the unsplit model

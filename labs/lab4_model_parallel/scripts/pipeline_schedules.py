@@ -30,7 +30,7 @@ from torch.distributed.pipelining import (
 )
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, parallel, profile, timeline
+from lab_utils import gloo_exit, metrics, models, parallel, profile, timeline
 
 # name: (schedule class, stages per rank (None: --virtual), V-shaped placement)
 SCHEDULES = {
@@ -187,6 +187,10 @@ def main() -> None:
         f"the {world_size} processes and divide --batch-size {args.batch_size}",
     )
     parallel.require(args.repeats >= 1, "--repeats must be at least 1")
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     rank, device = info.rank, info.device
 

@@ -32,7 +32,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.fsdp import fully_shard
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, parallel, profile
+from lab_utils import gloo_exit, metrics, models, parallel, profile
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # no in-place ops on outputs
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -165,6 +165,15 @@ def load(args: argparse.Namespace, rank: int, world_size: int, device: torch.dev
     metadata = dcp.FileSystemReader(args.load).read_metadata()
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
     full_model, full_optim = get_state_dict(model, opt, options=FULL)
+    # what FSDP2's own state_dict() holds (4.9 says: sharded DTensors, nothing gathered)
+    own = {
+        k: [
+            type(v).__name__,
+            list(v.shape),
+            list((v.to_local() if hasattr(v, "to_local") else v).shape),
+        ]
+        for k, v in model.state_dict().items()
+    }
     if rank == 0:
         ref = torch.load(args.reference, weights_only=True)
         errors = {
@@ -185,6 +194,14 @@ def load(args: argparse.Namespace, rank: int, world_size: int, device: torch.dev
                     f: metadata.state_dict_metadata[f].size[0] for reads in every for f in reads
                 },
                 "saved_procs": len({p.relative_path for p in metadata.storage_data.values()}),
+                "state_dict": own,  # name: [type, global shape, this rank's shape]
+                "optim_types": sorted(
+                    {
+                        f"{k}:{type(v).__name__}"
+                        for st in osd["state"].values()
+                        for k, v in st.items()
+                    }
+                ),
             }
         )
         print(
@@ -197,6 +214,10 @@ def load(args: argparse.Namespace, rank: int, world_size: int, device: torch.dev
 def main() -> None:
     args = parse_args()
     world_size = parallel.require_batch_split(args.batch_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
     (save if args.save else load)(args, info.rank, world_size, info.device)
     labdist.shutdown()

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import memory, metrics, models, parallel, profile, traffic
+from lab_utils import gloo_exit, memory, metrics, models, parallel, profile, traffic
 
 STRATEGIES = ("ddp", "zero1", "fsdp")
 # The model's outputs are views; nothing here modifies them in place, which is what FSDP2 warns about.
@@ -155,6 +155,10 @@ def save(args: argparse.Namespace, strategy: str, state: dict, world_size: int) 
 def main() -> None:
     args = parse_args()
     parallel.require_batch_split(args.batch_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
     data = parallel.corpus(args)
     batches = [

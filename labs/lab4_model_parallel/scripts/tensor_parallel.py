@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (
 from torch.nn import functional as F
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, parallel, profile
+from lab_utils import gloo_exit, metrics, models, parallel, profile
 
 # CommDebugMode's module tracker hooks the embedding, whose input (character ids) needs no gradient.
 warnings.filterwarnings("ignore", message="Full backward hook is firing")
@@ -287,6 +287,10 @@ def save(args: argparse.Namespace, state: dict) -> None:
 def main() -> None:
     args = parse_args()
     check_args(args, labdist.detect().world_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
     device = info.device
     data = parallel.corpus(args)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, profile, tensordata
+from lab_utils import gloo_exit, metrics, models, profile, tensordata
 
 METHODS = ("easgd", "easgd-rr", "sgd")
 
@@ -161,6 +161,10 @@ def main(argv: list[str] | None = None) -> None:
     # NCCL wants one GPU per rank; ranks that share a GPU (or have none) talk through Gloo.
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = torch.cuda.is_available() and local > torch.cuda.device_count()
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(backend="gloo" if share else None, group_if_alone=True)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)
     for method in args.methods:

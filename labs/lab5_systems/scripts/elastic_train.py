@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, models, paths, profile, tensordata
+from lab_utils import gloo_exit, metrics, models, paths, profile, tensordata
 
 AUTO = "auto"
 
@@ -237,6 +237,10 @@ def main(argv: list[str] | None = None) -> None:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     ckpt = checkpoint_dir(args.ckpt_dir) / "checkpoint.pt"
     refuse_stale(ckpt, attempt, args.resume)  # before joining: no rank has written yet
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     _rank, _world_size, device = init_attempt(attempt)
     ckpt.parent.mkdir(parents=True, exist_ok=True)
     data = tensordata.load(args.n_train, args.n_test, seed=args.seed)

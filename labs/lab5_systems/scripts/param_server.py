@@ -36,8 +36,7 @@ import torch
 import torch.distributed.rpc as rpc
 import torch.nn.functional as F
 
-from lab_utils import dist as labdist
-from lab_utils import metrics, models, profile, tensordata
+from lab_utils import gloo_exit, metrics, models, profile, tensordata
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -455,9 +454,10 @@ def main(argv: list[str] | None = None) -> None:
     opts = rpc.TensorPipeRpcBackendOptions(
         rpc_timeout=args.rpc_timeout, num_worker_threads=16, init_method="env://"
     )
-    # RPC's agent holds a Gloo group and threads: the rank must end as every rank that joined
-    # a group does, without finalizing the interpreter under them (sys.exit keeps the status)
-    labdist.leave_at_exit()
+    # RPC's agent holds a Gloo group and threads, which can abort or hang the rank at Python's
+    # exit (torch 2.13): from here on it ends by os._exit with Python's own status (sys.exit,
+    # atexit.register and destroy_process_group are wrapped for it; lab_utils/gloo_exit.py)
+    gloo_exit.arm()
     rpc.init_rpc(name, rank=rank, world_size=world_size, rpc_backend_options=opts)
     try:
         if rank >= args.shards:

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, parallel, profile
+from lab_utils import gloo_exit, metrics, parallel, profile
 
 # Notebook 5's exercise: DDP's bucket assignment (its reference solution)
 from lab_utils.solutions.lab6 import make_buckets
@@ -478,6 +478,10 @@ def timing(args: argparse.Namespace, data, device: torch.device) -> None:
 def main() -> None:
     args = parse_args()
     parallel.require_batch_split(args.batch_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
     data = parallel.corpus(args)
     check_equivalence(args, data, info.device)

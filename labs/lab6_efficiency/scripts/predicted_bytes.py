@@ -40,7 +40,7 @@ from torch.distributed.tensor.parallel import parallelize_module
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, parallel, profile, traffic
+from lab_utils import gloo_exit, metrics, parallel, profile, traffic
 
 # Lab 4's scripts: the DDP / ZeRO-1 / FSDP wrapping and the Megatron plan, reused as they are.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab4_model_parallel" / "scripts"))
@@ -262,6 +262,10 @@ def main() -> None:
         args.heads % world_size == 0,
         f"{world_size} processes cannot split {args.heads} heads evenly",
     )
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init()
     device = info.device
     data = parallel.corpus(args)

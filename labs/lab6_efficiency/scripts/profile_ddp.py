@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from lab_utils import dist as labdist
-from lab_utils import metrics, parallel, paths
+from lab_utils import gloo_exit, metrics, parallel, paths
 from lab_utils import profile as lab_profile
 
 # One recording cycle per run: that its events are cleared at the cycle's end is what we want.
@@ -91,6 +91,10 @@ def profiled_run(
 def main() -> None:
     args = parse_args()
     world_size = parallel.require_batch_split(args.batch_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
     out = Path(args.out) if args.out else paths.runs_dir("lab6") / "traces"
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,89 @@
+"""What the test suite costs, in CPU-seconds, by test module.
+
+Wall-clock time on two shared cores says little about which tests to make
+cheaper: a test that waits on a launched job costs wall time but no CPU, and
+two workers slow each other down. This plugin adds up, for every test, the
+CPU time of the pytest process and of the child processes it waited for
+(``os.times``: user + system of self and of reaped children), which is where
+launched ranks and notebook kernels spend theirs.
+
+Record (from the repository root, any pytest arguments)::
+
+    LABS_SUITE_CPU=/tmp/cpu make test PYTEST_ARGS="-p benchmarks.suite_cpu"
+
+Report the ten largest modules::
+
+    python -m benchmarks.suite_cpu /tmp/cpu [--top 10]
+
+A kernel or a daemon that is reaped after its module's last test is charged to
+that test, so the table is exact by module, not by test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+_DIR_VAR = "LABS_SUITE_CPU"
+
+
+def _cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    out = os.environ.get(_DIR_VAR)
+    before = _cpu_seconds()
+    yield
+    if not out:
+        return
+    spent = _cpu_seconds() - before
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with open(Path(out) / f"{worker}.jsonl", "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(spent, 3)}) + "\n")
+
+
+def by_module(folder: Path) -> dict[str, float]:
+    """CPU-seconds per test module (the node id's file part) from a recording."""
+    totals: dict[str, float] = defaultdict(float)
+    files = sorted(folder.glob("*.jsonl"))
+    if not files:
+        raise SystemExit(
+            f"suite_cpu: no recording in {folder} (set {_DIR_VAR} and load -p benchmarks.suite_cpu)"
+        )
+    for path in files:
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            totals[row["test"].split("::")[0]] += row["cpu_s"]
+    return dict(totals)
+
+
+def table(totals: dict[str, float], top: int) -> str:
+    """A markdown table of the ``top`` largest modules and the whole suite."""
+    whole = sum(totals.values())
+    rows = ["| test module | CPU s | share |", "|---|---:|---:|"]
+    for name, cpu in sorted(totals.items(), key=lambda kv: -kv[1])[:top]:
+        rows.append(f"| {name} | {cpu:,.0f} | {cpu / whole:.0%} |")
+    rows.append(f"| whole suite ({len(totals)} modules) | {whole:,.0f} | 100% |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder", type=Path, help=f"the folder {_DIR_VAR} named when recording")
+    parser.add_argument("--top", type=int, default=10, help="how many modules to list (default 10)")
+    args = parser.parse_args(argv)
+    print(table(by_module(args.folder), args.top))
+
+
+if __name__ == "__main__":
+    main()
