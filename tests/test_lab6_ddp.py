@@ -400,3 +400,35 @@ def test_zero2_sends_ddps_bytes_and_zero_redundancy_optimizer_more():
         )
         assert counted == pytest.approx(predicted, rel=1e-12)
     assert runs["zero2"]["weight_rel_err"] <= 1e-5
+
+
+def test_when_ddp_rebuilds_its_buckets_is_what_notebook_5_says():
+    """6.5 says: DDP starts with one bucket of everything (``sys.maxsize``) unless
+    ``find_unused_parameters=True``; it rebuilds in gradient-ready order at the start of
+    the second forward, one iteration later with ``static_graph=True``, and never with
+    ``find_unused_parameters=True`` (buckets stay in reversed registration order). Run
+    against torch itself (tests/jobs/ddp_rebuild.py: sizes before and after each of four
+    iterations)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "jobs" / "ddp_rebuild.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    default, static, unused = (
+        seen[k] for k in ("default", "static_graph", "find_unused_parameters")
+    )
+    everything = sum(default[0])
+    assert default[0] == [everything] and static[0] == [everything]  # one bucket at first
+    rebuilt = default[2]
+    assert default[1] == default[0] and rebuilt != default[0]  # rebuilt at the 2nd forward
+    assert default[2:] == [rebuilt] * 3  # once only
+    assert static[:3] == [[everything]] * 3 and static[3:] == [rebuilt] * 2  # a step later
+    assert len(unused[0]) > 1 and unused == [unused[0]] * 5  # never rebuilt
+    assert unused[0][0] == 4 * 8 and rebuilt[0] == 64 * 8  # reversed registration vs ready
