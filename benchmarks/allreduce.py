@@ -42,7 +42,7 @@ def time_sizes(nprocs: int, sizes: list[int], repeats: int, timeout: float) -> l
         echo=False,
         timeout=timeout,
     ).check()
-    records = [m for m in result.metrics if m.get("event") == "allreduce"]
+    records = result.events("allreduce")
     if len(records) != len(sizes):
         raise RuntimeError(
             f"expected {len(sizes)} timings, got {len(records)}:\n{result.output[-2000:]}"

@@ -47,7 +47,7 @@ def seconds_per_image(
         echo=False,
         timeout=timeout,
     ).check()
-    summaries = [m for m in result.metrics if m.get("event") == "summary"]
+    summaries = result.events("summary")
     if not summaries or not summaries[-1].get("samples_per_s"):
         raise RuntimeError(f"{script.name} reported no throughput:\n{result.output[-2000:]}")
     return 1.0 / float(summaries[-1]["samples_per_s"])

@@ -43,8 +43,9 @@ def model_args(quick: bool) -> list[str]:
     ]
 
 
-def metrics_of(script: str, args: list[str], nprocs: int, timeout: float) -> list[dict]:
-    """Run a Lab 4 script under torchrun (one thread per process) and return its records."""
+def launched(script: str, args: list[str], nprocs: int, timeout: float) -> launch.LaunchResult:
+    """Run a Lab 4 script under torchrun (one thread per process); its records are
+    ``.event(name)`` and ``.events(name)`` of what this returns."""
     path = SCRIPTS / script
     if not path.is_file():
         raise Skip(f"{path.relative_to(REPO_ROOT)} does not exist yet")
@@ -57,4 +58,4 @@ def metrics_of(script: str, args: list[str], nprocs: int, timeout: float) -> lis
         timeout=timeout,
         env={"LABS_PROFILE": "quick"},
     ).check()
-    return result.metrics
+    return result

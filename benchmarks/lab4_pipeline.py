@@ -9,7 +9,7 @@ measured bubble is shown next to (p−1)/(m+p−1).
 from __future__ import annotations
 
 from .common import Report, Settings
-from .lab4_model_parallel import metrics_of, model_args
+from .lab4_model_parallel import launched, model_args
 
 NAME = "pipeline"
 TITLE = "Lab 4 pipeline (GPipe, 1F1B) on 2 stages vs one process"
@@ -30,9 +30,9 @@ def run(settings: Settings) -> Report:
         "--steps",
         "1",
     ]
-    records = metrics_of("pipeline.py", args, nprocs=2, timeout=120 if settings.quick else 600)
-    serial = next(r for r in records if r["event"] == "serial")["step_s"]
-    runs = [r for r in records if r["event"] == "pipeline"]
+    job = launched("pipeline.py", args, nprocs=2, timeout=120 if settings.quick else 600)
+    serial = job.event("serial")["step_s"]
+    runs = job.events("pipeline")
     for r in runs:
         report.add(
             f"{r['schedule']} m={r['microbatches']}: one process / pipeline step time",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 
 from .common import Report, Settings
-from .lab4_model_parallel import metrics_of, model_args
+from .lab4_model_parallel import launched, model_args
 
 NAME = "schedules"
 TITLE = "Lab 4 interleaved / zero-bubble schedules vs 1F1B, ring attention vs one process"
@@ -34,10 +34,8 @@ def ring_attention(settings: Settings, report: Report) -> tuple[list[str], dict]
         "--repeats",
         str(settings.rounds(full=5, quick=1)),
     ]
-    records = metrics_of(
-        "context_parallel.py", cp_args, nprocs=2, timeout=180 if settings.quick else 900
-    )
-    t = next(r for r in records if r["event"] == "ring_time")
+    job = launched("context_parallel.py", cp_args, nprocs=2, timeout=180 if settings.quick else 900)
+    t = job.event("ring_time")
     one, ring = statistics.median(t["one_samples"]), statistics.median(t["ring_samples"])
     report.add(
         f"ring attention on 2 processes, T={t['seq_len']}: one process / ring (forward + backward)",
@@ -68,13 +66,8 @@ def run(settings: Settings) -> Report:
         "--steps",
         "1",
     ]
-    runs = {
-        r["schedule"]: r
-        for r in metrics_of(
-            "pipeline_schedules.py", args, nprocs=2, timeout=180 if settings.quick else 900
-        )
-        if r["event"] == "schedule"
-    }
+    job = launched("pipeline_schedules.py", args, nprocs=2, timeout=180 if settings.quick else 900)
+    runs = {r["schedule"]: r for r in job.events("schedule")}
     base = statistics.median(runs["1f1b"]["samples"])
     for name in SCHEDULES[1:]:
         r = runs[name]

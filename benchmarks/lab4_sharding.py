@@ -9,7 +9,7 @@ the optimizer state, FSDP all three).
 from __future__ import annotations
 
 from .common import Report, Settings
-from .lab4_model_parallel import metrics_of, model_args
+from .lab4_model_parallel import launched, model_args
 
 NAME = "sharding"
 TITLE = "Lab 4 per-rank memory: ZeRO-1 and FSDP2 vs DDP"
@@ -20,13 +20,13 @@ def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
     details = {}
     for n in [2] if settings.quick else [2, 4]:
-        records = metrics_of(
+        job = launched(
             "sharded.py",
             model_args(settings.quick),
             nprocs=n,
             timeout=120 if settings.quick else 600,
         )
-        runs = {r["strategy"]: r for r in records if r["event"] == "sharded"}
+        runs = {r["strategy"]: r for r in job.events("sharded")}
 
         def largest(name: str, kinds: tuple[str, ...] = KINDS, runs: dict = runs) -> float:
             return max(sum(r[k] for k in kinds) for r in runs[name]["per_rank"])

@@ -8,7 +8,7 @@ ratio is the tensor-parallel step time over one process's (below 1: faster).
 from __future__ import annotations
 
 from .common import Report, Settings
-from .lab4_model_parallel import metrics_of, model_args
+from .lab4_model_parallel import launched, model_args
 
 NAME = "tp"
 TITLE = "Lab 4 tensor parallelism: step time on 2 processes vs one"
@@ -16,13 +16,13 @@ TITLE = "Lab 4 tensor parallelism: step time on 2 processes vs one"
 
 def run(settings: Settings) -> Report:
     report = Report(NAME, TITLE)
-    records = metrics_of(
+    job = launched(
         "tensor_parallel.py",
         model_args(settings.quick),
         nprocs=2,
         timeout=120 if settings.quick else 600,
     )
-    train = next(r for r in records if r["event"] == "tp_train")
+    train = job.event("tp_train")
     report.add("tensor-parallel step, 2 processes", train["step_s"] * 1e3, "ms")
     report.add("one process step", train["one_process_step_s"] * 1e3, "ms")
     report.add(

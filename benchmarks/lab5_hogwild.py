@@ -34,7 +34,7 @@ def record(model: str, lock: bool, steps: int, timeout: float) -> dict:
     result = launch.run(
         SCRIPT, args, nprocs=1, launcher="python", echo=False, timeout=timeout
     ).check()
-    return next(m for m in result.metrics if m.get("event") == "hogwild")
+    return result.event("hogwild")
 
 
 def run(settings: Settings) -> Report:

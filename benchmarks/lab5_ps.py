@@ -24,7 +24,7 @@ def summary(mode: str, workers: int, steps: int, timeout: float) -> dict:
     result = launch.run(
         SCRIPT, args, nprocs=1 + workers, threads_per_proc=1, echo=False, timeout=timeout
     ).check()
-    return next(m for m in result.metrics if m.get("event") == "ps_summary")
+    return result.event("ps_summary")
 
 
 def run(settings: Settings) -> Report:

@@ -88,10 +88,10 @@ def run(settings: Settings) -> Report:
         timeout=120 if settings.quick else 900,
         env={"LABS_PROFILE": "quick"},
     ).check()
-    eq = next(m for m in result.metrics if m["event"] == "equivalence")
-    bucketings = next(m for m in result.metrics if m["event"] == "buckets")["caps"]
+    eq = result.event("equivalence")
+    bucketings = result.event("buckets")["caps"]
     same = sum(c["hand"] == c["ddp"] for c in bucketings)
-    timing = next(m for m in result.metrics if m["event"] == "timing")
+    timing = result.event("timing")
     v = timing["variants"]
     report.add(
         "hand-made DDP vs DDP: largest relative gradient difference",

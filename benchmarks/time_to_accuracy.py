@@ -69,12 +69,12 @@ def train_once(seed: int, quick: bool, threads: int, timeout: float) -> dict[str
         echo=False,
         threads_per_proc=threads,
     ).check()
-    epochs = [m for m in result.metrics if m.get("event") == "epoch"]
-    final = next((m for m in result.metrics if m.get("event") == "final"), None)
-    if not epochs or final is None:
+    epochs = result.events("epoch")
+    if not epochs or not result.events("final"):
         raise RuntimeError(
             "the trainer emitted no epoch or final metrics:\n" + result.output[-2000:]
         )
+    final = result.event("final")
     # The trainer's own line naming what it trains (profile, threads, model, batch, lr,
     # precision), quoted as printed where the figures are shown.
     setup = next((text for _, text in result.lines if text.startswith("profile=")), "")

@@ -83,8 +83,9 @@ def solution_modules() -> list[str]:
 def exercise_key_of(name: str) -> str | None:
     """``"<lab>.<name>"`` when ``name`` is a reference solution in some lab, else None.
 
-    Only public functions defined in the lab's module count: a name it merely imports
-    (``torch``, ``Mapping``) or a private helper is no exercise."""
+    Only public functions defined in the lab's module, or re-exported by it from
+    ``lab_utils`` under their own name (a reference a script runs is library code), count:
+    a name it merely imports (``torch``, ``Mapping``) or a private helper is no exercise."""
     for lab in solution_modules():
         try:
             module = importlib.import_module(f"lab_utils.solutions.{lab}")
@@ -94,7 +95,10 @@ def exercise_key_of(name: str) -> str | None:
         if (
             not name.startswith("_")
             and inspect.isfunction(candidate)
-            and candidate.__module__ == module.__name__
+            and (
+                candidate.__module__ == module.__name__
+                or (candidate.__module__.startswith("lab_utils.") and candidate.__name__ == name)
+            )
         ):
             return f"{lab}.{name}"
     return None

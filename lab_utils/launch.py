@@ -4,7 +4,12 @@ From a notebook cell or a test::
 
     result = launch.run("train_ddp.py", ["--epochs", "2"], nprocs=2, launcher="torchrun")
     result.check()            # raises with the output's tail if the job failed
-    result.metrics            # the JSON-lines records rank 0 emitted
+    result.event("summary")   # the one record rank 0 emitted as event "summary"
+    result.events("eval")     # every "eval" record, in order (result.metrics: all records)
+
+Before it starts, :func:`run` prints the command it starts as one line a student can
+paste into a terminal (``$ OMP_NUM_THREADS=1 torchrun --standalone ... train_ddp.py
+--epochs 2``). Each script's docstring lists the events it emits.
 
 Output is streamed live, one line at a time, tagged ``[rank N]``. The job runs
 under :mod:`lab_utils.reaper`, so a timeout, an interrupted cell (Ctrl-C / the
@@ -18,6 +23,7 @@ import contextlib
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -46,6 +52,10 @@ class LaunchError(RuntimeError):
     """A launched job failed, timed out or was interrupted."""
 
 
+class EventError(LookupError):
+    """A job did not emit exactly one record of the event asked for."""
+
+
 @dataclass
 class LaunchResult:
     """What a launched job did, as seen from outside."""
@@ -72,6 +82,38 @@ class LaunchResult:
         """The lines one rank printed."""
         return "\n".join(t for r, t in self.lines if r == rank)
 
+    def events(self, name: str, **fields: Any) -> list[dict[str, Any]]:
+        """Every record rank 0 emitted as event ``name``, in the order it emitted them;
+        ``fields`` keeps those whose fields have these values (``attempt=1``)."""
+        return [
+            m
+            for m in self.metrics
+            if m.get("event") == name and all(k in m and m[k] == v for k, v in fields.items())
+        ]
+
+    def event(self, name: str, **fields: Any) -> dict[str, Any]:
+        """The one record rank 0 emitted as event ``name`` (with these ``fields``).
+
+        Raises :class:`EventError`, naming the events the job did emit, when there is none
+        or more than one (then pick one with a field, or take them all with
+        :meth:`events`)."""
+        found = self.events(name, **fields)
+        if len(found) == 1:
+            return found[0]
+        asked = ", ".join([repr(name), *(f"{k}={v!r}" for k, v in fields.items())])
+        counts = collections.Counter(str(m.get("event", "(no event name)")) for m in self.metrics)
+        seen = ", ".join(f"{e} ×{n}" if n > 1 else e for e, n in counts.items()) or "none"
+        if found:
+            problem = (
+                f"{len(found)} records match event({asked}), where one was asked for: "
+                f"take them all with .events({asked}), or name a field that picks one"
+            )
+        else:
+            problem = f"no record matches event({asked})"
+            if not self.ok:
+                problem += " (the job did not succeed: .check() says why)"
+        raise EventError(f"{_script_of(self.command)}: {problem}. Events it emitted: {seen}.")
+
     def check(self) -> LaunchResult:
         """Return ``self`` if the job succeeded, else raise :class:`LaunchError`."""
         if self.ok:
@@ -87,6 +129,14 @@ class LaunchResult:
 
 def _format(rank: int | None, text: str) -> str:
     return text if rank is None else f"[rank {rank}] {text}"
+
+
+def _script_of(cmd: Sequence[str]) -> str:
+    """The program a command runs, for messages: its first ``.py`` (or ``-m`` module)."""
+    for i, word in enumerate(cmd):
+        if word.endswith(".py") or (i and cmd[i - 1] == "-m" and word != "torch.distributed.run"):
+            return word
+    return " ".join(cmd[:1]) or "the job"
 
 
 class RankDemux:
@@ -436,6 +486,51 @@ def _echo(rank: int | None, text: str) -> None:
     print(_format(rank, text), flush=True)
 
 
+# Variables a lab script's results depend on, shown before its command when the job has
+# them (besides those the caller gave): the profile sizes the run, the threads time it.
+SHOWN_VARS = ("LABS_PROFILE", "OMP_NUM_THREADS")
+
+
+def _program_name(word: str) -> str:
+    """``word`` as a shell finds it: a program beside this interpreter (on ``PATH`` once
+    the course's environment is activated) or on ``PATH`` itself, by its name."""
+    path = Path(word)
+    if not path.is_absolute():
+        return word
+    here = Path(sys.executable).parent
+    if path.parent == here or shutil.which(path.name) == word:
+        return path.name
+    return word
+
+
+def shell_line(
+    cmd: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    names: Iterable[str] = (),
+    cwd: str | os.PathLike | None = None,
+) -> str:
+    """``cmd`` as one line to paste into a terminal, quoted with :func:`shlex.join`.
+
+    ``VAR=value`` comes first for each of ``names`` that ``env`` has, and for each
+    variable the command forwards (mpirun's ``-x VAR``); ``cd DIR &&`` when ``cwd`` is not
+    the current folder. Programs beside this interpreter or on ``PATH`` are written by
+    their name, and ``python -m torch.distributed.run`` as ``torchrun``, the console
+    script torch installs for it (``torchrun = torch.distributed.run:main`` in torch's
+    ``entry_points.txt``) when it is beside this interpreter."""
+    words = list(cmd)
+    torchrun = [sys.executable, "-m", "torch.distributed.run"]
+    if words[:3] == torchrun and (Path(sys.executable).parent / "torchrun").exists():
+        words = ["torchrun", *words[3:]]
+    words = [_program_name(w) for w in words]
+    env = env or {}
+    forwarded = [w for before, w in zip(cmd, cmd[1:]) if before == "-x"]
+    shown = [f"{k}={shlex.quote(env[k])}" for k in dict.fromkeys([*names, *forwarded]) if k in env]
+    line = " ".join([*shown, shlex.join(words)])
+    if cwd is not None and Path(cwd).resolve() != Path.cwd().resolve():
+        line = f"cd {shlex.quote(str(cwd))} && {line}"
+    return line
+
+
 def run(
     script: str | os.PathLike,
     args: Sequence[str] = (),
@@ -465,14 +560,20 @@ def run(
         launcher_args: extra options for the launcher itself.
         module: ``script`` is a module name, run as ``python -m script``.
 
+    First it prints the command it starts, ``$ VAR=value ... launcher ... script args``
+    (:func:`shell_line`: the variables of ``env`` and :data:`SHOWN_VARS`), so the cell
+    shows how to run the same job from a terminal; ``echo`` is about the job's output.
+
     Returns a :class:`LaunchResult`; it does not raise when the job fails (call
-    ``.check()`` for that) but re-raises ``KeyboardInterrupt`` after cleaning up.
+    ``.check()`` for that) but re-raises ``KeyboardInterrupt`` after cleaning up. Its
+    records: ``result.event(name)`` (exactly one), ``result.events(name)`` (all).
     """
     fd, metrics_file = tempfile.mkstemp(prefix="labs-metrics-", suffix=".jsonl")
     os.close(fd)
     job = job_env(launcher, env, threads_per_proc, timeout)
     job[lmetrics.ENV_VAR] = metrics_file
     cmd = command(launcher, nprocs, script, args, launcher_args, job, module)
+    print("$ " + shell_line(cmd, job, [*(env or {}), *SHOWN_VARS], cwd), flush=True)
     try:
         result = stream(cmd, env=job, cwd=cwd, timeout=timeout, on_line=_echo if echo else None)
         result.metrics = lmetrics.read(metrics_file)

@@ -6,7 +6,8 @@ over ranks (expert parallelism).
     expert_parallel(model, group)      # this rank keeps only its experts
     y = layer(x)                       # dispatch and combine with two all_to_all_single
 
-The router picks each token's ``top_k`` experts; every expert takes at most
+The router picks each token's ``top_k`` experts (:func:`top_k_route`, which is also the
+reference of Lab 4.8's exercise); every expert takes at most
 ``capacity = ceil(capacity_factor · tokens · top_k / n_experts)`` of a group's tokens,
 and a choice beyond it is dropped (its token passes through the block's residual
 only). Tokens are routed in groups (GShard): on one process ``groups`` splits the
@@ -28,7 +29,6 @@ import torch.distributed as dist
 from torch import nn
 
 from lab_utils import models
-from lab_utils.solutions.lab4 import top_k_route
 
 Router = Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]]
 
@@ -36,6 +36,24 @@ Router = Callable[[torch.Tensor, int, int], tuple[torch.Tensor, ...]]
 def capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
     """Slots per expert for a group of ``tokens``: ceil(factor · tokens · k / E)."""
     return math.ceil(capacity_factor * tokens * top_k / n_experts)
+
+
+def top_k_route(logits: torch.Tensor, k: int, capacity: int) -> tuple[torch.Tensor, ...]:
+    """Top-k routing with a capacity per expert, for ``logits`` of shape ``(N, E)``.
+
+    Returns ``(experts, gates, slots, kept)``, each ``(N, k)``: the chosen experts in
+    order of preference, their softmax probabilities renormalised over the k choices,
+    each choice's slot in its expert's buffer (how many choices of that expert came
+    before it: every token's first choice, in token order, then every second choice, …),
+    and whether the slot is below ``capacity`` (a choice beyond it is dropped).
+    """
+    probs = torch.softmax(logits, dim=-1)
+    top, experts = probs.topk(k, dim=-1)
+    gates = top / top.sum(dim=-1, keepdim=True)
+    n, n_experts = logits.shape
+    onehot = nn.functional.one_hot(experts.T.reshape(-1), n_experts)  # (k·N, E), choice-major
+    slots = ((onehot.cumsum(0) - 1) * onehot).sum(-1).view(k, n).T
+    return experts, gates, slots, slots < capacity
 
 
 def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, n_experts: int) -> torch.Tensor:

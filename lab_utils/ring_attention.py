@@ -1,7 +1,8 @@
-"""Pieces for context parallelism: the sequence cut into one contiguous chunk per rank, or
-into the load-balanced zig-zag layout (:func:`zigzag_chunk`, with its ring attention
-:func:`zigzag_ring_attention`), and a differentiable pass of a tensor one step around the
-ring of ranks.
+"""Pieces for context parallelism: the sequence cut into one contiguous chunk per rank
+(:func:`chunk`, with its ring attention :func:`ring_attention`, which is also the reference
+of Lab 4.7's exercise), or into the load-balanced zig-zag layout (:func:`zigzag_chunk`,
+with its ring attention :func:`zigzag_ring_attention`), and a differentiable pass of a
+tensor one step around the ring of ranks.
 
 :func:`ring_pass` sends this rank's tensor to the next rank and returns the previous
 rank's; its backward sends the gradient the other way (to the previous rank) and
@@ -40,6 +41,40 @@ def zigzag_unchunk(shares: Sequence[torch.Tensor], dim: int = 2) -> torch.Tensor
     reverse rank order."""
     halves = [s.chunk(2, dim=dim) for s in shares]
     return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=dim)
+
+
+def ring_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, world: int, pass_kv: Pass
+) -> torch.Tensor:
+    """Causal attention of this rank's queries over the whole sequence, which is cut into
+    ``world`` contiguous chunks (rank r holds positions r·t … (r+1)·t − 1 of q, k, v,
+    each ``(batch, heads, t, head_dim)``). The K/V blocks travel around the ring
+    (``pass_kv(k, v)`` returns the previous rank's block); each block updates an
+    online softmax: the running row maximum, the running denominator and the
+    running weighted sum of values, rescaled by exp(old max − new max) whenever the
+    maximum grows. A block from a later rank is all in the future and skipped; the
+    rank's own block (the first) gets the causal mask."""
+    scale = q.shape[-1] ** -0.5
+    t = q.shape[-2]
+    row_max = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+    denom = torch.zeros(q.shape[:-1], dtype=q.dtype, device=q.device)
+    acc = torch.zeros_like(q)
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    for step in range(world):
+        src = (rank - step) % world
+        if src <= rank:
+            scores = q @ k.transpose(-2, -1) * scale
+            if src == rank:
+                scores = scores.masked_fill(future, float("-inf"))
+            new_max = torch.maximum(row_max, scores.amax(-1))
+            weights = torch.exp(scores - new_max.unsqueeze(-1))
+            rescale = torch.exp(row_max - new_max)
+            denom = denom * rescale + weights.sum(-1)
+            acc = acc * rescale.unsqueeze(-1) + weights @ v
+            row_max = new_max
+        if step < world - 1:
+            k, v = pass_kv(k, v)
+    return acc / denom.unsqueeze(-1)
 
 
 class _Online:

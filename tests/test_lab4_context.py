@@ -34,7 +34,7 @@ def mutant(old: str, new: str):
     """The reference ring attention with one line changed."""
     src = inspect.getsource(reference.ring_attention)
     assert old in src
-    scope = dict(vars(reference))
+    scope = dict(vars(inspect.getmodule(reference.ring_attention)))
     exec(src.replace(old, new), scope)
     return scope["ring_attention"]
 

@@ -1,9 +1,13 @@
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from importlib import metadata
 
 import pytest
 from conftest import JOBS, REPO, processes_matching
@@ -153,3 +157,97 @@ def test_stream_keeps_the_last_lines_cut_and_shows_every_one():
     assert result.ok and result.line_count == 500
     assert seen == [(None, f"{i:03d}") for i in range(500)]
     assert result.lines == seen[-10:]
+
+
+# A job that reports how its launcher was started: the process under the supervisor
+# (lab_utils.reaper) is the launcher (torchrun, mpirun) or, with "python", the job itself.
+_WHERE = """
+import psutil
+from lab_utils import metrics
+
+launcher = psutil.Process()
+while "lab_utils.reaper" not in launcher.parent().cmdline():
+    launcher = launcher.parent()
+metrics.emit({"event": "started", "argv": launcher.cmdline(), "cwd": launcher.cwd(),
+              "env": launcher.environ()})
+"""
+
+
+def _same_program(printed: str, started: str) -> bool:
+    """``printed`` runs ``started``: the same word, or the file a shell (with the course's
+    environment activated) finds for that name."""
+    if printed == started:
+        return True
+    search = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    found = shutil.which(printed, path=search) if "/" not in printed else None
+    return found is not None and os.path.samefile(found, started)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "mpirun", "python"])
+def test_run_prints_the_command_it_starts(launcher, tmp_path, capsys):
+    job = tmp_path / "where.py"
+    job.write_text(_WHERE)
+    nprocs = 1 if launcher == "python" else 2
+    args = ["--note", "it's two words", "--count", "3"]
+    env = {"LABS_PROFILE": "quick", "LABS_NOTE": "a b$c"}
+    cwd = tmp_path if launcher == "python" else None
+    result = launch.run(
+        job, args, nprocs=nprocs, launcher=launcher, env=env, cwd=cwd, timeout=120, echo=False
+    ).check()
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert len(printed) == 1, printed
+    words = shlex.split(printed[0][2:])
+    started = result.event("started")
+
+    if cwd is not None:  # "cd DIR && ..." says where it ran
+        assert words[:1] == ["cd"] and words[2] == "&&", words
+        assert os.path.samefile(words[1], started["cwd"])
+        words = words[3:]
+    shown = {}
+    while re.match(r"[A-Za-z_]\w*=", words[0]):
+        name, value = words.pop(0).split("=", 1)
+        shown[name] = value
+    assert {**env, "OMP_NUM_THREADS": "1"}.items() <= shown.items()
+    assert shown == {name: started["env"][name] for name in shown}
+
+    if words[0] == "torchrun":  # torch's console script for `python -m torch.distributed.run`
+        (entry,) = metadata.entry_points(group="console_scripts", name="torchrun")
+        assert entry.value == "torch.distributed.run:main"
+        words = [sys.executable, "-m", "torch.distributed.run", *words[1:]]
+    argv = started["argv"]
+    assert len(words) == len(argv), (words, argv)
+    assert all(_same_program(p, s) for p, s in zip(words, argv)), (words, argv)
+    assert argv[-len(args) :] == args
+
+
+def _result(*records: dict) -> launch.LaunchResult:
+    return launch.LaunchResult(["python", "job.py"], 0, 1.0, metrics=list(records))
+
+
+def test_event_and_events_pick_records_by_name_and_fields():
+    result = _result(
+        {"event": "epoch", "epoch": 1, "acc": 0.5},
+        {"note": "a record without a name"},
+        {"event": "epoch", "epoch": 2, "acc": 0.7},
+        {"event": "summary", "acc": 0.7},
+    )
+    assert result.event("summary") == {"event": "summary", "acc": 0.7}
+    assert [m["epoch"] for m in result.events("epoch")] == [1, 2]
+    assert result.event("epoch", epoch=2)["acc"] == 0.7
+    assert result.events("epoch", missing_field=None) == []
+    assert result.events("eval") == []
+
+
+def test_event_names_what_was_emitted_when_it_is_missing_or_ambiguous():
+    result = _result({"event": "epoch", "epoch": 1}, {"event": "epoch", "epoch": 2}, {"x": 1})
+    with pytest.raises(launch.EventError, match=r"job\.py: no record matches event\('summary'\)"):
+        result.event("summary")
+    with pytest.raises(launch.EventError, match=r"Events it emitted: epoch ×2, \(no event name\)"):
+        result.event("summary")
+    with pytest.raises(launch.EventError, match=r"2 records match event\('epoch'\).*\.events"):
+        result.event("epoch")  # the first of several is not "the" epoch
+    with pytest.raises(launch.EventError, match=r"event\('epoch', epoch=3\)"):
+        result.event("epoch", epoch=3)
+    failed = launch.LaunchResult(["python", "job.py"], 1, 1.0)
+    with pytest.raises(launch.EventError, match=r"did not succeed.*Events it emitted: none"):
+        failed.event("summary")

@@ -121,7 +121,7 @@ def lab2_numbers(
     ctx: Context, dataset: str, width: int
 ) -> Callable[[launch.LaunchResult], dict[str, Any]]:
     def numbers(job: launch.LaunchResult) -> dict[str, Any]:
-        summary = [m for m in job.metrics if m.get("event") == "summary"][-1]
+        summary = job.event("summary")
         ips = float(summary["samples_per_s"])
         out: dict[str, Any] = {
             "images/s": ips,
@@ -182,7 +182,7 @@ def lab6_rows(ctx: Context) -> Callable:
     from .lab6_probe import PARTS
 
     def rows(base: Result, job: launch.LaunchResult) -> list[Result]:
-        parts = {m["part"]: m for m in job.metrics if m.get("event") == "part"}
+        parts = {m["part"]: m for m in job.events("part")}
         out = []
         for part in PARTS:
             r = Result(

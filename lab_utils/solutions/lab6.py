@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import torch
 
+# Lab 6.5's reference make_buckets is library code, re-exported here: ddp_by_hand.py
+# buckets with it, and a script never imports this module.
+from lab_utils.buckets import make_buckets as make_buckets
+
 
 # --------------------------------------------------------------------- 01–03
 def transformer_train_flops(
@@ -87,32 +91,6 @@ def layer_activation_bytes(seq_len: int, batch: int, d_model: int, n_heads: int)
 
 
 # --------------------------------------------------------------------- 04–06
-def make_buckets(nbytes: list[int], ready: list[int], cap: int, first_cap: int) -> list[list[int]]:
-    """Parameter indices per gradient bucket, as DDP's reducer assigns them
-    (``torch.distributed._compute_bucket_assignment_by_size``; DDP rebuilds its buckets
-    with it at the start of the next forward, in the order the first backward's gradients
-    became ready).
-
-    ``nbytes[i]`` is parameter i's gradient bytes, ``ready`` the parameter indices in the
-    order their gradients became ready. Walk ``ready``, add each parameter to the open
-    bucket, and close the bucket as soon as its bytes have reached its limit (``>=``):
-    ``first_cap`` for the first bucket, ``cap`` for every later one. A bucket therefore
-    passes its limit by up to its last parameter; what is left at the end is the last
-    bucket."""
-    buckets: list[list[int]] = []
-    open_bucket: list[int] = []
-    size = 0
-    for i in ready:
-        open_bucket.append(i)
-        size += nbytes[i]
-        if size >= (cap if buckets else first_cap):
-            buckets.append(open_bucket)
-            open_bucket, size = [], 0
-    if open_bucket:
-        buckets.append(open_bucket)
-    return buckets
-
-
 def bytes_sent_per_rank(
     strategy: str,
     *,

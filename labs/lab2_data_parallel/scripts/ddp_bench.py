@@ -5,6 +5,12 @@ the bytes they carry; the step time is the slowest rank's. Rank 0 emits ``bucket
 and ``accum`` records.
 
     torchrun --standalone --nproc-per-node 2 ddp_bench.py
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    bucket: bucket_cap_mb, params, allreduce_calls_per_step, bytes_per_step,
+        seconds_per_step (one per bucket size)
+    accum: accum, allreduce_calls_per_micro_batch, seconds_per_micro_batch (one per
+        accumulation)
 """
 
 import argparse

@@ -3,6 +3,11 @@
 Run it with any launcher, e.g. ``torchrun --standalone --nproc-per-node 4 ring_check.py``.
 Rank 0 emits JSON records: ``ring_check`` (errors per group size, length and dtype),
 ``timing`` (seconds per all-reduce by algorithm and size) and ``traffic`` (bytes per rank).
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    ring_check: world_size, length, dtype, max_rel_err (the ring against dist.all_reduce)
+    timing: world_size, algo, nbytes, seconds (one per algorithm and size)
+    traffic: world_size, algo, nbytes, rank, bytes_sent, bytes_received (one per rank)
 """
 
 import argparse

@@ -5,6 +5,11 @@ torchrun, mpirun, horovodrun, srun or alone:
 
     torchrun --standalone --nproc-per-node 2 train_ddp.py --dataset fashion-mnist
     mpirun -np 2 python train_ddp.py
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    eval: step, seconds, val_acc (each evaluation, common.look)
+    summary: script, world_size, launcher, steps, lr, global_batch, samples_per_s,
+        train_loss, val_acc, train_seconds
 """
 
 import os  # [1]

@@ -4,6 +4,11 @@ train_serial.py made data-parallel with Horovod; each change is marked [1]..[7].
 
     horovodrun -np 2 -H localhost:2 --gloo python train_horovod.py
     mpirun -np 2 python train_horovod.py
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    eval: step, seconds, val_acc (each evaluation, common.look)
+    summary: script, world_size, launcher, steps, lr, global_batch, samples_per_s,
+        train_loss, val_acc, train_seconds
 """
 
 import os  # [2]

@@ -7,6 +7,12 @@ train_horovod.py does. By default a standalone cluster (a master and two workers
 
     python train_horovod_spark.py                             # its own local cluster
     python train_horovod_spark.py --master spark://host:7077  # an existing cluster
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    epoch: epoch, step, train_loss, train_acc, lr, val_loss, val_acc, time
+        (lab_utils.train.Trainer, after each epoch)
+    summary: script, world_size, launcher, steps, lr, train_loss, val_acc, elapsed,
+        ranks (each rank's result), tasks (the Spark tasks), class_counts
 """
 
 from __future__ import annotations

@@ -4,6 +4,11 @@ The serial baseline of Lab 2: train_ddp.py and train_horovod.py are this script
 with the changes that make it data-parallel.
 
     python train_serial.py --dataset fashion-mnist --epochs 2
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    eval: step, seconds, val_acc (each evaluation, common.look)
+    summary: script, world_size, steps, lr, global_batch, samples_per_s, train_loss,
+        val_acc, train_seconds
 """
 
 import time

@@ -7,6 +7,11 @@ decays it with a cosine; ``--optimizer lars`` or ``lamb`` takes over where plain
 stops scaling. Runs under torchrun, mpirun, horovodrun or alone:
 
     torchrun --standalone --nproc-per-node 2 train_large_batch.py --batch-per-worker 256
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    epoch: epoch, step, train_loss, train_acc, lr, val_loss, val_acc, time
+        (lab_utils.train.Trainer, after each epoch)
+    summary: world_size, global_batch, lr, optimizer, updates, test_acc
 """
 
 from __future__ import annotations

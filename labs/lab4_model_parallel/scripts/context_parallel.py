@@ -17,6 +17,15 @@ lengths against one process, the time of a forward and backward against one proc
 and whether torch's own ``context_parallel`` runs on this device and backend.
 
     torchrun --standalone --nproc-per-node 4 context_parallel.py --seq-lens 256 512 1024
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    sequence_parallel: sequence_parallel (on or off), world, counts, bytes, wire_bytes,
+        activation_bytes, activation_elems, out_rel_err, grad_rel_err
+    ring_equal: layout, world, seq_len, out, dq, dk, dv (errors against full attention)
+    ring_memory: world, seq_len, per_rank, per_rank_zigzag, one_process, flops,
+        block_flops (one per --seq-lens value)
+    ring_time: world, seq_len, one_samples, ring_samples, zigzag_samples
+    torch_context_parallel: world, device, ran, out_rel_err, error
 """
 
 import argparse
@@ -41,7 +50,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from lab_utils import dist as labdist
 from lab_utils import gloo_exit, memory, metrics, models, parallel, profile
 from lab_utils import ring_attention as ring
-from lab_utils.solutions import lab4 as reference
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
@@ -212,7 +220,7 @@ def qkv(args: argparse.Namespace, seq_len: int, device: torch.device) -> list[to
 
 # layout: (this rank's share of the sequence, ring attention on that layout)
 LAYOUTS = {
-    "contiguous": (ring.chunk, reference.ring_attention),
+    "contiguous": (ring.chunk, ring.ring_attention),
     "zigzag": (ring.zigzag_chunk, ring.zigzag_ring_attention),
 }
 
@@ -303,7 +311,7 @@ def context_parallel_part(
 def one_process_bytes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     """Activation bytes of the same attention on one process (a ring of one)."""
     whole = [t.clone().requires_grad_() for t in (q, k, v)]
-    return memory.activation_bytes(lambda: reference.ring_attention(*whole, 0, 1, None))
+    return memory.activation_bytes(lambda: ring.ring_attention(*whole, 0, 1, None))
 
 
 def _gather_seq2(t: torch.Tensor, world_size: int, layout: str = "contiguous") -> torch.Tensor:

@@ -9,6 +9,12 @@ same model with n routing groups, counts the bytes of the all-to-alls against
 E · capacity · d, reports tokens per expert and dropped tokens, and saves the whole model.
 
     torchrun --standalone --nproc-per-node 2 experts.py --experts 4
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    experts: procs, experts, top_k, capacity_factor, capacity, layers, d_model,
+        tokens_per_rank, steps, aux_weight, errors, owned_by_rank0, all_to_all_bytes,
+        formula_bytes, first, first_dropped, last, last_dropped (tokens per expert and
+        dropped, first and last step), rank0_state
 """
 
 import argparse

@@ -7,6 +7,10 @@ model is sharded and its gradients averaged with FSDP2's fully_shard. The job tr
 with one process training the unsplit model, and saves the whole model (rank 0).
 
     torchrun --standalone --nproc-per-node 4 hybrid.py --tp 2      # 2 data × 2 tensor
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    hybrid: dp, tp, psi, layers, steps, per_rank, comm_bytes, comm_counts, step_s,
+        one_process_step_s, weights_rel_err
 """
 
 import argparse

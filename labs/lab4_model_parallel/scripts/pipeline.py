@@ -8,6 +8,13 @@ durations and overheads, and compares the gradients with the unsplit model; then
 trains --steps steps and saves the whole model (rank 0).
 
     torchrun --standalone --nproc-per-node 2 pipeline.py --schedules gpipe 1f1b --microbatches 1 2 4 8
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    serial: step_s, batch (the whole model on one process)
+    pipeline: schedule, stages, microbatches, step_s, bubble, ideal_bubble,
+        every_step_bubble, replay_bubble, replay_noise, in_flight, events, grad_rel_err,
+        pipe_samples, pipe_cpu_samples, serial_samples, serial_cpu_samples (one per
+        schedule and micro-batch count)
 """
 
 import argparse

@@ -10,6 +10,12 @@ compares the gradients with the unsplit model; then it trains --steps steps with
 last schedule and saves the whole model (rank 0).
 
     torchrun --standalone --nproc-per-node 2 pipeline_schedules.py --schedules 1f1b interleaved zbv
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    schedule: schedule, stages, virtual, microbatches, order, step_s, samples, bubble,
+        every_step_bubble, replay_bubble, replay_noise, formula_ratio, plan_ratio,
+        stage_ratio, in_flight, peak_held, events, grad_rel_err (one per schedule and
+        micro-batch count)
 """
 
 import argparse

@@ -16,6 +16,11 @@ which, from DCP's own read plan) and compare the full model and optimizer state 
 
     torchrun --standalone --nproc-per-node 4 reshard_checkpoint.py --save ckpt --reference ref.pt
     torchrun --standalone --nproc-per-node 2 reshard_checkpoint.py --load ckpt --reference ref.pt
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    saved: procs, files, state_bytes (with --save)
+    loaded: procs, saved_procs, errors, tensors, rank0_model_bytes, reads, rows,
+        state_dict, optim_types (with --load)
 """
 
 import argparse

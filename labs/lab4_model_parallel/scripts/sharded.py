@@ -7,6 +7,11 @@ the collectives carried in one step, and how far the weights are from one proces
 training the unsplit model on the whole batch. The last strategy's model is saved.
 
     torchrun --standalone --nproc-per-node 2 sharded.py --strategies ddp zero1 fsdp
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    one_process: psi, params, grads, optimizer (bytes of the unsplit model's state)
+    sharded: strategy, procs, steps, per_rank, comm_bytes, step_s, weights_rel_err (one
+        per strategy)
 """
 
 import argparse

@@ -10,6 +10,12 @@
    with the attention's input prepared once, six with q, k, v each on their own.
 
     torchrun --standalone --nproc-per-node 2 tensor_parallel.py
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    mlp_block: procs, err_hand, err_dtensor, hand_bytes, dtensor_comm_counts,
+        activation_bytes
+    tp_train: procs, layers, steps, step_s, one_process_step_s, weights_rel_err,
+        comm_counts, comm_counts_separate_qkv, activation_bytes
 """
 
 import argparse

@@ -20,6 +20,9 @@ average) after every round and emits ``easgd`` records: method, tau, round, loca
 test accuracy; ``--save`` writes the last run's centre.
 
     torchrun --standalone --nproc-per-node 2 scripts/easgd.py --methods easgd sgd --taus 1 4 16
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    easgd: method, tau, alpha, workers, round, step, acc (after every round)
 """
 
 from __future__ import annotations

@@ -20,6 +20,12 @@ process start and the moment it is ready to train), ``elastic_kill`` (the step a
 of the kill), ``elastic_ckpt`` (step, seconds to write it) and ``elastic_done`` (steps,
 the attempt's median step time, a checksum of the weights): the parts of what a failure
 costs, each measured where it happens.
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    elastic_start: attempt, step, ckpt_dir, time, ready
+    elastic_kill: step, time
+    elastic_ckpt: step, time, save_s
+    elastic_done: attempt, steps, steps_run, step_s, acc, checksum, time
 """
 
 from __future__ import annotations

@@ -19,6 +19,11 @@ and the conflict counts.
     python scripts/hogwild.py --model sparse --workers 2    # lock-free
     python scripts/hogwild.py --model dense --workers 2 --lock
     python scripts/hogwild.py --grid                        # both models, lock and no lock
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    hogwild: model, lock, workers, updates, seconds, updates_per_s, acc, overlapped,
+        collided, collided_when_overlapping, coords_per_update, coords_total (one per
+        run)
 """
 
 from __future__ import annotations

@@ -21,6 +21,12 @@ worker had its own accelerator: sleeping frees the core, so workers overlap even
 Rank 0 (shard 0) emits JSON records: ``ps_summary`` (throughput, staleness, every push's
 worker and versions, server busy fraction) and ``ps_eval`` (test accuracy of the server's
 own model at evenly spaced update counts, against wall time, ending at the final model).
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    ps_eval: mode, updates, t, acc
+    ps_summary: mode, optimizer, workers, shards, steps, delay, straggler, updates,
+        pushes, gradients, grads_per_s, wall_s, last_update_s, staleness,
+        mean_staleness, max_staleness, server_busy, worker_compute, final_acc
 """
 
 from __future__ import annotations

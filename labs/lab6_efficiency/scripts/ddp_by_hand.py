@@ -31,6 +31,14 @@ and the limits ``[first_bucket_bytes_cap, bucket_bytes_cap]`` (C++,
 torch/csrc/distributed/c10d/reducer.cpp; Python sees it as
 ``dist._compute_bucket_assignment_by_size``). tests/test_lab6_ddp.py compares that function
 with Lab 6's ``make_buckets``, and this script's buckets with DDP's.
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    equivalence: bug, bucket_kb, steps, buckets, ddp_buckets, weight_rel_err,
+        grad_rel_err, procs
+    timing: procs, bucket_kb, caps, repeats, variants, psi_bytes, backward_s,
+        no_comm_step_s, allreduce_s, allreduce_bytes, allreduce_sent_bytes,
+        allreduce_fit_s, alpha_s, beta_s_per_byte
+    buckets: procs, caps
 """
 
 import argparse
@@ -45,8 +53,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab_utils import dist as labdist
 from lab_utils import gloo_exit, metrics, parallel, profile
 
-# Notebook 5's exercise: DDP's bucket assignment (its reference solution)
-from lab_utils.solutions.lab6 import make_buckets
+# DDP's bucket assignment, as torch's reducer makes it (notebook 5's exercise writes it)
+from lab_utils.buckets import make_buckets
 
 BUGS = ("none", "no_average", "early_bucket")
 

@@ -21,6 +21,12 @@ turns them into bytes sent per rank and compares them with the student's predict
 
     torchrun --standalone --nproc-per-node 2 predicted_bytes.py
     mpirun -np 2 python predicted_bytes.py --strategies ddp zero2 fsdp
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    model: procs, psi, d_model, layers, batch_size, seq_len, microbatches,
+        bytes_per_value
+    counted: strategy, bytes, calls, comm_debug_counts, p2p_per_rank, weight_rel_err
+        (one per strategy)
 """
 
 import argparse

@@ -8,6 +8,9 @@ traces are; the notebook reads them with ``lab_utils.trace``.
 
     torchrun --standalone --nproc-per-node 2 profile_ddp.py --bucket-cap-mb 0.05 1 25
     mpirun -np 2 python profile_ddp.py
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    trace: procs, psi, bucket_cap_mb, buckets, active_steps, paths (one per bucket cap)
 """
 
 import argparse
