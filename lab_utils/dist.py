@@ -350,7 +350,8 @@ def barrier() -> None:
 
 
 def _collective_device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
+    # "nccl", or "cuda:nccl" where init_device_mesh made the group (seen with torch 2.11)
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

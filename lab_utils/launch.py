@@ -46,6 +46,31 @@ LAUNCHERS = ("torchrun", "horovodrun", "mpirun", "python")
 # torchrun --tee "[default0]:" at the start of each line.
 _SEGMENT_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 _LINE_TAG = re.compile(r"^\[[A-Za-z_]+(\d+)\]:")
+# The line that names what went wrong: an exception's message as a traceback ends it, an
+# argparse-style "error: " line, or a fatal signal's report (Python's faulthandler, which
+# lists the stack *after* it). Rank tags ("[rank 0] ", torch's "[rank0]: ") may precede it.
+_CAUSE = re.compile(
+    r"^(?:\[[^\]]*\]:?\s*)*(?:[\w.]*(?:Error|Exception|Exit|Interrupt)\b|(?:\S+: )?error: "
+    r"|Fatal Python error: )"
+)
+# torchrun's own summary only says that a child failed: never the cause.
+_NOT_THE_CAUSE = ("ChildFailedError", "elastic.multiprocessing")
+
+
+def is_cause(line: str) -> bool:
+    """Whether ``line`` names what went wrong (not a launcher's summary of it)."""
+    return bool(_CAUSE.match(line)) and not any(s in line for s in _NOT_THE_CAUSE)
+
+
+def first_cause(lines: Sequence[str], context: int = 12) -> list[str]:
+    """The lines around the first cause in ``lines``: the traceback above an exception's
+    message, or the stack below a fatal signal's report; [] when none is there."""
+    for i, line in enumerate(lines):
+        if is_cause(line):
+            if "Fatal Python error" in line:
+                return list(lines[i : i + 2 * context])
+            return list(lines[max(0, i - context) : i + 1])
+    return []
 
 
 class LaunchError(RuntimeError):
@@ -123,8 +148,18 @@ class LaunchResult:
             if self.timed_out
             else f"exited with status {self.returncode}"
         )
-        tail = "\n".join(_format(r, t) for r, t in self.lines[-40:])
-        raise LaunchError(f"{' '.join(self.command)}\n{why}. Last output:\n{tail}")
+        shown = [_format(r, t) for r, t in self.lines]
+        tail = shown[-40:]
+        first = first_cause(shown)
+        # a rank's error scrolls away above the launcher's summary: show it first
+        lead = (
+            "First error:\n" + "\n".join(first) + "\n\n"
+            if first and not any(is_cause(line) for line in tail)
+            else ""
+        )
+        raise LaunchError(
+            f"{' '.join(self.command)}\n{why}. {lead}Last output:\n" + "\n".join(tail)
+        )
 
 
 def _format(rank: int | None, text: str) -> str:

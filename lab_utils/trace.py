@@ -109,8 +109,16 @@ def from_events(events: Iterable[dict[str, Any]]) -> Trace:
 
     The training loop's thread is the one that records the ``ProfilerStep#`` spans;
     autograd's backward runs there on a CPU (and in its own thread on a GPU, whose
-    operators only launch kernels). Everything is clipped to the recorded steps."""
-    xs = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    operators only launch kernels). Everything is clipped to the recorded steps. The GPU
+    timeline's copies of CPU annotations (``gpu_user_annotation``) are left out."""
+    # With CUDA the profiler also draws every record_function span (ProfilerStep#N,
+    # gloo:all_reduce, ...) again on the GPU's timeline as "gpu_user_annotation": copies of
+    # CPU spans, not more steps or collectives (seen on an H200: 2 steps read as 4).
+    xs = [
+        e
+        for e in events
+        if e.get("ph") == "X" and "dur" in e and e.get("cat") != "gpu_user_annotation"
+    ]
     step_events = sorted(
         (e for e in xs if str(e.get("name", "")).startswith(STEP_PREFIX)),
         key=lambda e: float(e["ts"]),

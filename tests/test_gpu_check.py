@@ -31,11 +31,13 @@ from benchmarks.gpu_check.harness import (
     Deadline,
     Result,
     error_tail,
+    judge,
     run_all,
     run_check,
 )
 from benchmarks.notebooks import quick_notebook
 from lab_utils import dist as labdist
+from lab_utils import launch
 
 
 def script(tmp_path: Path, body: str) -> str:
@@ -293,3 +295,75 @@ def test_every_path_of_a_gpu_run_is_named_once(tmp_path):
     assert "LABS_BACKEND" not in refusal.env  # NCCL's own refusal, no override
     gpu_lab2 = catalogue.lab2_measured(ctx)[0]
     assert gpu_lab2.env["LABS_PROFILE"] == "gpu" and gpu_lab2.exclusive
+
+
+def test_the_cause_is_found_behind_torchs_own_rank_tag():
+    # torch prints a rank's exception as "[rank0]: ...", and launch tags it again
+    out = "\n".join(
+        [
+            "[rank 0] [rank0]:     work = group.allreduce([tensor], opts)",
+            "[rank 0] [rank0]: RuntimeError: No backend type associated with device type cpu",
+            "[rank 0] step 2: loss 4.468",
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        ]
+    )
+    assert error_tail(out).splitlines()[-1].endswith("device type cpu")
+
+
+def test_a_fatal_signal_shows_the_stack_faulthandler_printed_after_it():
+    out = "\n".join(
+        [
+            "[rank 0] Fatal Python error: Segmentation fault",
+            "[rank 0] Thread 0x7f (most recent call first):",
+            '[rank 0]   File "/x/torch/distributed/_functional_collectives.py", line 138 in wait_tensor',
+            '[rank 0]   File "/x/tensor_parallel.py", line 110 in full',
+            "  exitcode  : -11 (pid: 1455)",
+        ]
+    )
+    tail = error_tail(out, n=3)
+    assert tail.splitlines()[0] == "[rank 0] Fatal Python error: Segmentation fault"
+    assert "wait_tensor" in tail and "exitcode" not in tail
+
+
+def _failed_job(lines: list[str]) -> launch.LaunchResult:
+    return launch.LaunchResult(["x"], 1, 1.0, lines=[(0, line) for line in lines])
+
+
+@pytest.mark.parametrize(
+    "line, limit",
+    [
+        (
+            "RuntimeError: [gloo/transport/tcp/pair.cc:339] writev [127.0.0.1]:3: Bad address",
+            "point to point",
+        ),
+        ('  File "/t/distributed/_functional_collectives.py", line 138 in wait_tensor', "SIGSEGV"),
+    ],
+)
+def test_gloos_limits_on_cuda_tensors_seen_on_a_gpu_are_skips(line, limit):
+    check = Check("p", "g", "w", script="s.py", known_limits=catalogue.GLOO_LIMITS)
+    status, reason = judge(
+        check, _failed_job(["Fatal Python error: Segmentation fault", line]), False
+    )
+    assert status == SKIPPED and limit in reason
+
+
+def test_a_python_traceback_through_functional_collectives_is_no_known_limit():
+    # a Python exception's frame reads 'line N, in f' (commas): a bug of ours, not Gloo's crash
+    check = Check("p", "g", "w", script="s.py", known_limits=catalogue.GLOO_LIMITS)
+    line = '  File "/t/distributed/_functional_collectives.py", line 138, in wait_tensor'
+    status, _ = judge(check, _failed_job([line, "ValueError: ours"]), False)
+    assert status == FAILED
+
+
+def test_notebooks_that_need_what_a_one_gpu_machine_lacks_are_skips():
+    check = Check("nb", "g", "w", script="s.py", known_limits=catalogue.NOTEBOOK_LIMITS)
+    for line, why in [
+        ("LaunchError: horovodrun is not installed (looked beside python3 and on PATH)", "Horovod"),
+        ("SparkClusterError: Spark needs Java 17 or newer", "Java"),
+        (
+            "RuntimeError: 2 ranks on this machine but 1 GPU(s): NCCL needs one GPU per rank.",
+            "NCCL",
+        ),
+    ]:
+        status, reason = judge(check, _failed_job([line]), False)
+        assert status == SKIPPED and why in reason, line

@@ -61,6 +61,19 @@ def test_trace_intervals_and_overlap_are_exact():
     assert s["comm_ms"] == pytest.approx(0.05) and s["exposed_comm_ms"] == pytest.approx(0.03)
 
 
+def test_the_gpu_timelines_copies_of_annotations_are_not_more_steps_or_collectives():
+    # with CUDA, the profiler draws each CPU annotation again on the GPU's timeline (seen on
+    # an H200: two ProfilerStep# spans per step, and a GPU copy of every gloo:all_reduce)
+    copies = [
+        x(e["name"], e["ts"] + 5, e["dur"] / 2, tid=100 + i, cat="gpu_user_annotation")
+        for i, e in enumerate(two_steps())
+        if e.get("cat") == "user_annotation" or e["name"].startswith("gloo:")
+    ]
+    t = trace.from_events(two_steps() + copies)
+    assert t == trace.from_events(two_steps())
+    assert len(t.steps) == 2 and trace.per_step(t, "all_reduce") == 1
+
+
 def test_trace_reader_mistakes_change_the_answer():
     """A reader counting the launch or another thread's operators as compute, or
     ignoring the steps' window, would not get these numbers."""

@@ -251,3 +251,18 @@ def test_event_names_what_was_emitted_when_it_is_missing_or_ambiguous():
     failed = launch.LaunchResult(["python", "job.py"], 1, 1.0)
     with pytest.raises(launch.EventError, match=r"did not succeed.*Events it emitted: none"):
         failed.event("summary")
+
+
+def test_a_launch_error_shows_the_first_error_above_a_long_tail():
+    lines = [(0, "Traceback (most recent call last):"), (0, "RuntimeError: the cause")]
+    lines += [(None, f"summary line {i}") for i in range(60)]
+    result = launch.LaunchResult(["torchrun", "s.py"], 1, 1.0, lines=lines)
+    with pytest.raises(launch.LaunchError) as e:
+        result.check()
+    text = str(e.value)
+    assert "First error:" in text and "[rank 0] RuntimeError: the cause" in text
+    assert text.index("the cause") < text.index("summary line 59")
+    short = launch.LaunchResult(["s.py"], 1, 1.0, lines=lines[:2])
+    with pytest.raises(launch.LaunchError) as e:
+        short.check()
+    assert "First error:" not in str(e.value)  # already in the last lines

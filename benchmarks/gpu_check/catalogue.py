@@ -51,6 +51,21 @@ GLOO_LIMITS = (
         r"|(not support|unsupported|not implemented)[^\n]*gloo|unsupported device type)",
         "PyTorch's Gloo does not run this on CUDA tensors",
     ),
+    # Seen on an H200 with torch 2.11: Gloo's TCP transport writes a CUDA tensor's device
+    # address as if it were host memory (send/recv, batch_isend_irecv: pipelines, rings).
+    (
+        r"writev .*Bad address",
+        "PyTorch's Gloo cannot send or receive CUDA tensors point to point "
+        "(pipeline and ring code needs NCCL: one GPU per rank)",
+    ),
+    # Seen there too: waiting on a functional collective (DTensor, FSDP2, DCP) over Gloo
+    # and CUDA tensors kills the process; faulthandler's report ('line N in f', no commas)
+    # names the frame, which a Python traceback never prints that way.
+    (
+        r'_functional_collectives\.py", line \d+ in \w+$',
+        "PyTorch's Gloo crashes (SIGSEGV) in functional collectives on CUDA tensors "
+        "(DTensor, FSDP2 and DCP need NCCL: one GPU per rank)",
+    ),
 )
 NO_FASHION_MNIST = (
     (
@@ -59,9 +74,14 @@ NO_FASHION_MNIST = (
     ),
 )
 NOTEBOOK_LIMITS = (
-    (r"No module named '?horovod", NO_HOROVOD),
+    (r"No module named '?horovod|horovodrun is not installed", NO_HOROVOD),
     (
-        r"No module named '?pyspark|JAVA_HOME|Java gateway",
+        r"NCCL needs one GPU per rank",
+        "a two-rank train_ddp.py launch: the script picks NCCL itself (the lesson) and NCCL "
+        "needs one GPU per rank; it runs on CPU in make test",
+    ),
+    (
+        r"No module named '?pyspark|JAVA_HOME|Java gateway|Spark needs Java",
         "no Spark or Java on this machine (Lab 2.6)",
     ),
     *NO_FASHION_MNIST,
@@ -88,7 +108,8 @@ class Context:
 
 
 def path_env(ctx: Context, profile: str = "quick", **extra: str) -> dict[str, str]:
-    return {**ctx.env, "LABS_PROFILE": profile, **extra}
+    # faulthandler: a crash in native code prints the Python stack (the known limits read it)
+    return {**ctx.env, "LABS_PROFILE": profile, "PYTHONFAULTHANDLER": "1", **extra}
 
 
 def threads(ctx: Context) -> int:

@@ -25,13 +25,6 @@ from lab_utils import launch
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 NO_TIME = "no time left"
 TAIL_LINES = 12
-# An exception's message line, as a traceback ends, or an argparse-style "error: " line
-# (rank tags allowed); torchrun's own
-# summary (ChildFailedError) only says a child failed, so the child's error is wanted.
-_EXCEPTION = re.compile(
-    r"^(\[rank \d+\] )?([\w.]*(Error|Exception|Exit|Interrupt)\b|(\S+: )?error: )"
-)
-_NOT_THE_CAUSE = ("ChildFailedError", "elastic.multiprocessing")
 
 
 @dataclass
@@ -103,14 +96,15 @@ def skipped(check: Check, reason: str) -> Result:
 
 def error_tail(output: str, n: int = TAIL_LINES) -> str:
     """The last ``n`` lines up to the last exception message a process printed (the
-    cause, not the launcher's summary after it), else the output's last ``n`` lines."""
+    cause, not the launcher's summary after it; the stack after a fatal signal's report),
+    else the output's last ``n`` lines."""
     lines = [line.rstrip() for line in output.splitlines() if line.strip()]
-    end = len(lines)
     for i in range(len(lines) - 1, -1, -1):
-        if _EXCEPTION.match(lines[i]) and not any(s in lines[i] for s in _NOT_THE_CAUSE):
-            end = i + 1
-            break
-    return "\n".join(line[:300] for line in lines[max(0, end - n) : end])
+        if launch.is_cause(lines[i]):
+            if "Fatal Python error" in lines[i]:
+                return "\n".join(line[:300] for line in lines[i : i + n])
+            return "\n".join(line[:300] for line in lines[max(0, i + 1 - n) : i + 1])
+    return "\n".join(line[:300] for line in lines[-n:])
 
 
 def last_line(text: str) -> str:

@@ -13,6 +13,7 @@ Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
 """
 
 import os  # [1]
+import sys  # [2]
 import time
 from datetime import timedelta  # [1]
 
@@ -61,6 +62,8 @@ def main() -> None:
     local_rank = int(os.environ["LOCAL_RANK"])  # [2] this process's index on its machine
     torch.manual_seed(args.seed)
     if torch.cuda.is_available():  # [2] one GPU per process
+        if local_rank >= torch.cuda.device_count():  # [2] NCCL needs one GPU per rank
+            sys.exit(f"local rank {local_rank}: NCCL needs one GPU per rank; this has fewer")
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:  # [2] or a fair share of the CPU cores

@@ -91,9 +91,10 @@ def stats(model: torch.nn.Module) -> dict:
     }
 
 
-def summed(values: list) -> list:
-    """Element-wise sum over the ranks of a nested list of counts."""
-    t = torch.tensor(values, dtype=torch.long)
+def summed(values: list, device: torch.device) -> list:
+    """Element-wise sum over the ranks of a nested list of counts (on the job's device:
+    NCCL has no CPU tensors)."""
+    t = torch.tensor(values, dtype=torch.long, device=device)
     dist.all_reduce(t)
     return t.tolist()
 
@@ -136,6 +137,7 @@ def gather(model, opt, first: dict, rank: int) -> dict:
     """On rank 0: every rank's first logits, the whole gradients and weights (experts
     from every rank), and the routing counts summed over the ranks."""
     last = stats(model)
+    device = next(model.parameters()).device  # the logits were moved to the CPU
     kept = {k for k in model.state_dict() if moe.is_expert_param(k) or rank == 0}
     run = {
         "outputs": parallel.gather_on_rank0({f"logits.{rank}": first["logits"]}),
@@ -144,10 +146,10 @@ def gather(model, opt, first: dict, rank: int) -> dict:
             {k: v for k, v in model.state_dict().items() if k in kept}
         ),
         "counts": {
-            "first": summed(first["stats"]["tokens_per_expert"]),
-            "first_dropped": summed(first["stats"]["dropped"]),
-            "last": summed(last["tokens_per_expert"]),
-            "last_dropped": summed(last["dropped"]),
+            "first": summed(first["stats"]["tokens_per_expert"], device),
+            "first_dropped": summed(first["stats"]["dropped"], device),
+            "last": summed(last["tokens_per_expert"], device),
+            "last_dropped": summed(last["dropped"], device),
         },
         "capacity": first["stats"]["capacity"],
     }

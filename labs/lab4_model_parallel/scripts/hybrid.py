@@ -173,7 +173,9 @@ def main() -> None:
     model = parallel.build_model(args).to(info.device)
     reference = copy.deepcopy(model) if info.rank == 0 else None
     model = split(model, mesh, args)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    # foreach=False: the model mixes DTensors (split layers) and plain tensors, and the
+    # fused multi-tensor kernels used on GPUs refuse such a mix (tensor_parallel.py too).
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr, foreach=False)
     mine = slice(dp_rank * args.batch_size // dp, (dp_rank + 1) * args.batch_size // dp)
     run = train_hybrid(model, opt, batches, mine)
     run["per_rank"] = memory.state_bytes(model, opt)

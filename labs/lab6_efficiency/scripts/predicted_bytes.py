@@ -123,11 +123,11 @@ class ZeRO2:
     where §5.2 reduces each bucket during backward and frees it. Same bytes, not same memory.
 
     [1] backward computes this rank's gradients (no communication during backward);
-    [2] ``reduce_scatter_single``: rank r receives the sum over ranks of the r-th 1/N of
+    [2] ``reduce_scatter_tensor``: rank r receives the sum over ranks of the r-th 1/N of
         the flat gradient (stage 2 keeps only this; here the full .grad lives until then);
     [3] Adam steps that shard alone, so each rank holds the optimizer state of 1/N of
         the parameters (stage 1);
-    [4] ``all_gather_single``: every rank receives every updated shard.
+    [4] ``all_gather_into_tensor``: every rank receives every updated shard.
     A reduce-scatter and an all-gather of Ψ values each: 2(N−1)/N·Ψ sent per rank, the
     bytes of DDP's all-reduce (§7.2.1). The flat vector is padded to a multiple of N."""
 
@@ -152,11 +152,11 @@ class ZeRO2:
     def step(self) -> None:
         grads = [q.grad if q.grad is not None else torch.zeros_like(q) for q in self.params]
         mine = torch.empty_like(self.shard)
-        dist.reduce_scatter_single(mine, self._flat(grads))  # [2] sum of my shard
+        dist.reduce_scatter_tensor(mine, self._flat(grads))  # [2] sum of my shard
         self.shard.grad = mine / self.n  # the average, as DDP's
         self.opt.step()  # [3]
         full = torch.empty(self.padded, device=mine.device, dtype=mine.dtype)
-        dist.all_gather_single(full, self.shard.detach())  # [4]
+        dist.all_gather_into_tensor(full, self.shard.detach())  # [4]
         offset = 0
         with torch.no_grad():
             for q in self.params:
