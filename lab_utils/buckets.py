@@ -3,7 +3,7 @@
 :func:`make_buckets` assigns them as PyTorch's reducer does, so a data-parallel step
 written by hand (Lab 6's ``scripts/ddp_by_hand.py``) buckets exactly as
 ``DistributedDataParallel`` would. It is also the reference of Lab 6's exercise
-``make_buckets`` (``lab_utils.solutions.lab6`` re-exports it).
+``make_buckets`` (``lab6_solutions`` re-exports it).
 """
 
 from __future__ import annotations

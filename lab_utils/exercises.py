@@ -8,7 +8,7 @@ In a notebook::
         raise NotImplementedError
 
 With ``LABS_SOLUTIONS=1`` (set by ``make test``) the decorator returns the reference
-from ``lab_utils/solutions/lab1.py``; otherwise it returns the student's function,
+from ``labs/lab1_optimisation/lab1_solutions.py``; otherwise it returns the student's function,
 and calling it before it is written raises :class:`ExerciseNotDone`.
 
 A skipped exercise also breaks the cells after it (a result never computed is a
@@ -20,12 +20,12 @@ pending, so the student sees the cause, not only the symptom.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import os
-import pkgutil
 from collections.abc import Callable
 from typing import TypeVar
+
+from lab_utils import paths
 
 F = TypeVar("F", bound=Callable)
 
@@ -69,15 +69,9 @@ def downstream_hint(error: BaseException) -> str | None:
 
 
 def solution_modules() -> list[str]:
-    """The labs with reference solutions: every module of ``lab_utils.solutions``
+    """The labs with reference solutions: every ``labs/labN_*/labN_solutions.py``
     (``lab1`` ... and any lab added later), so no list of labs goes stale."""
-    from lab_utils import solutions
-
-    return sorted(
-        info.name
-        for info in pkgutil.iter_modules(solutions.__path__)
-        if not info.name.startswith("_")
-    )
+    return paths.labs_with("solutions")
 
 
 def exercise_key_of(name: str) -> str | None:
@@ -88,7 +82,7 @@ def exercise_key_of(name: str) -> str | None:
     a name it merely imports (``torch``, ``Mapping``) or a private helper is no exercise."""
     for lab in solution_modules():
         try:
-            module = importlib.import_module(f"lab_utils.solutions.{lab}")
+            module = paths.lab_module(lab, "solutions")
         except ImportError:
             continue
         candidate = getattr(module, name, None)
@@ -134,11 +128,11 @@ def reference(key: str) -> Callable:
     lab, _, name = key.partition(".")
     if not name:
         raise ValueError(f"exercise key {key!r} must look like 'lab1.name'")
-    module = importlib.import_module(f"lab_utils.solutions.{lab}")
+    module = paths.lab_module(lab, "solutions")
     try:
         return getattr(module, name)
     except AttributeError:
-        raise KeyError(f"no reference solution {name!r} in lab_utils/solutions/{lab}.py") from None
+        raise KeyError(f"no reference solution {name!r} in {module.__file__}") from None
 
 
 def exercise(key: str) -> Callable[[F], F]:

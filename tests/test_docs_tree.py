@@ -14,13 +14,25 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 
 
+LAB_MODULE = re.compile(r"lab\d+_\w+\.py")  # a lab's own module: labN_checks.py, ...
+
+
 def lab_programs(labs: Path = ROOT / "labs") -> list[str]:
-    """Every .py under labs/, as a path relative to labs/ (notebook checkpoints left out)."""
+    """Every program under labs/, as a path relative to labs/ (notebook checkpoints left
+    out): every .py but a lab's own modules beside its notebooks (``labN_*.py``, which
+    the layout names)."""
     return sorted(
         p.relative_to(labs).as_posix()
         for p in labs.rglob("*.py")
-        if ".ipynb_checkpoints" not in p.parts and "__pycache__" not in p.parts
+        if ".ipynb_checkpoints" not in p.parts
+        and "__pycache__" not in p.parts
+        and not (p.parent.parent == labs and LAB_MODULE.fullmatch(p.name))
     )
+
+
+def lab_modules(labs: Path = ROOT / "labs") -> list[str]:
+    """A lab's own modules beside its notebooks (``labN_checks.py``, ``lab2_script_diff.py``)."""
+    return sorted(p.name for p in labs.glob("lab*_*/*.py") if LAB_MODULE.fullmatch(p.name))
 
 
 def grader_modules(package: Path = ROOT / "assessment") -> list[str]:
@@ -50,6 +62,20 @@ def test_every_lab_script_has_a_line() -> None:
     assert any(p.startswith("lab2_data_parallel/scripts/") for p in programs)
     missing = unnamed(programs, section)
     assert not missing, f"docs/ARCHITECTURE.md, 'The labs' scripts', does not name {missing}"
+
+
+def test_every_module_of_a_lab_is_in_the_layout() -> None:
+    """A lab's own modules are named in the layout: by the pattern every lab follows
+    (``labN_checks.py``, ``labN_plots.py``, ``labN_solutions.py``), else by name."""
+    layout = DOC.read_text(encoding="utf-8").split("## Layout", 1)[1].split("\n## ", 1)[0]
+    generic = {f"labN_{kind}.py" for kind in ("checks", "plots", "solutions")}
+    assert generic <= set(re.findall(r"labN_\w+\.py", layout)), "the pattern is in the layout"
+    missing = [
+        m
+        for m in lab_modules()
+        if re.sub(r"^lab\d+_", "labN_", m) not in generic and m not in layout
+    ]
+    assert not missing, f"docs/ARCHITECTURE.md's layout does not name {missing}"
 
 
 def test_every_grader_module_has_a_line() -> None:

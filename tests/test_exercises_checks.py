@@ -47,15 +47,26 @@ def test_a_never_run_exercise_cell_is_named_in_every_lab(monkeypatch, key):
     assert hint is not None and "has not been run" in hint and key in hint
 
 
+def a_course_with(monkeypatch, tmp_path, lab: str, solutions: str) -> None:
+    """Stand in a course checkout whose only lab is ``lab`` with these solutions (its
+    folder ``labs/<lab>_probe/``, found as the real labs are: from the working directory)."""
+    folder = tmp_path / "labs" / f"{lab}_probe"
+    folder.mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text("")
+    (folder / f"{lab}_solutions.py").write_text(solutions)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # lab_module adds the lab's folder
+    monkeypatch.delitem(sys.modules, f"{lab}_solutions", raising=False)
+
+
 def test_a_lab_added_later_is_searched_too(monkeypatch, tmp_path):
     monkeypatch.delenv("LABS_SOLUTIONS", raising=False)
-    from lab_utils import solutions
-
-    (tmp_path / "lab99.py").write_text(
-        "def pipeline_bubble(stages, micro_batches):\n    return 0\n"
+    a_course_with(
+        monkeypatch,
+        tmp_path,
+        "lab99",
+        "def pipeline_bubble(stages, micro_batches):\n    return 0\n",
     )
-    monkeypatch.setattr(solutions, "__path__", [*solutions.__path__, str(tmp_path)])
-    monkeypatch.delitem(sys.modules, "lab_utils.solutions.lab99", raising=False)
     hint = downstream_hint(
         NameError("name 'pipeline_bubble' is not defined", name="pipeline_bubble")
     )
@@ -80,12 +91,7 @@ def test_student_solution_is_used_without_the_switch(monkeypatch):
 
 def test_reference_replaces_the_stub_with_the_switch(monkeypatch, tmp_path):
     monkeypatch.setenv("LABS_SOLUTIONS", "1")
-    pkg = tmp_path / "lab_utils_solutions_probe"
-    pkg.mkdir()
-    import lab_utils.solutions as sol
-
-    monkeypatch.setattr(sol, "__path__", [*sol.__path__, str(pkg)])
-    (pkg / "labx.py").write_text("def double(x):\n    return 2 * x\n")
+    a_course_with(monkeypatch, tmp_path, "labx", "def double(x):\n    return 2 * x\n")
 
     @exercise("labx.double")
     def double(x):

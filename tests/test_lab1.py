@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 
+import lab1_checks as check
+import lab1_plots as lplots
+import lab1_solutions as solution
 from lab_utils import data, regression
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab1 as check
-from lab_utils.plots import lab1 as lplots
-from lab_utils.solutions import lab1 as solution
 
 LAB = Path(__file__).resolve().parent.parent / "labs" / "lab1_optimisation"
 EXERCISES = [

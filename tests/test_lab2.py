@@ -18,10 +18,10 @@ import pytest
 import torch
 from conftest import REPO, processes_matching
 
+import lab2_checks as checks
+import lab2_solutions as solutions
 from lab_utils import launch, models
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab2 as checks
-from lab_utils.solutions import lab2 as solutions
 
 matplotlib.use("Agg")
 
@@ -150,13 +150,13 @@ def step_names(nb_path: Path) -> dict[int, str]:
     "nb_name, script", [("02_ddp.ipynb", "train_ddp.py"), ("03_horovod.ipynb", "train_horovod.py")]
 )
 def test_notebooks_show_the_scripts_on_disk_and_name_every_step(nb_name, script):
-    from lab_utils.plots import lab2 as plots
+    import lab2_script_diff as script_diff
 
     source = "\n".join(c.source for c in nbformat.read(LAB / nb_name, as_version=4).cells)
     assert f'show_diff("scripts/train_serial.py", "scripts/{script}"' in source
     if nb_name == "02_ddp.ipynb":  # the serial script is printed once, from the file
         assert 'Code(filename="scripts/train_serial.py"' in source
-    steps = plots.diff_steps(
+    steps = script_diff.diff_steps(
         (SCRIPTS / "train_serial.py").read_text(), (SCRIPTS / script).read_text()
     )
     assert sorted(step_names(LAB / nb_name)) == [s.step for s in steps] == list(range(8))
@@ -197,11 +197,11 @@ def test_notebooks_are_stored_clean_with_a_parameters_cell(nb_path):
 
 
 def test_conversion_diffs_have_the_seven_named_steps():
-    from lab_utils.plots import lab2 as plots
+    import lab2_script_diff as script_diff
 
     serial = (SCRIPTS / "train_serial.py").read_text()
     for other in ("train_ddp.py", "train_horovod.py"):
-        steps = plots.diff_steps(serial, (SCRIPTS / other).read_text())
+        steps = script_diff.diff_steps(serial, (SCRIPTS / other).read_text())
         assert [s.step for s in steps] == list(range(8)), other
         assert all(s.added + s.removed <= 18 for s in steps), "each step stays a small diff"
 
@@ -307,9 +307,9 @@ def test_horovod_script_under_horovodrun_with_a_timeline(tmp_path):
     assert (s["world_size"], s["launcher"], s["steps"]) == (2, "horovodrun", 4)
     assert "samples/s" in result.rank_output(0) and "samples/s" not in result.rank_output(1)
     assert models.load(tmp_path / "h.pt").arch_spec["arch"] == "fmnist_cnn"
-    from lab_utils.plots import lab2 as plots
+    import lab2_horovod_timeline as horovod_timeline
 
-    spans = plots.read_timeline(timeline)
+    spans = horovod_timeline.read_timeline(timeline)
     assert any("ALLREDUCE" in s.activity for s in spans)
     assert all(s.end >= s.start >= 0 for s in spans)
 
@@ -496,7 +496,8 @@ def test_science_checks_fail_when_the_claim_does_not_hold():
 def test_figures_draw(tmp_path):
     import matplotlib.pyplot as plt
 
-    from lab_utils.plots import lab2 as plots
+    import lab2_horovod_timeline as horovod_timeline
+    import lab2_plots as plots
 
     timing = [
         {"event": "timing", "algo": a, "world_size": 2, "nbytes": s, "seconds": 1e-4 + s / 1e9}
@@ -530,8 +531,8 @@ def test_figures_draw(tmp_path):
         ),
     ]
     spans = [
-        plots.Span("grad.w", "ALLREDUCE", 0.0, 0.002),
-        plots.Span("grad.b", "NEGOTIATE_ALLREDUCE", 0.001, 0.003),
+        horovod_timeline.Span("grad.w", "ALLREDUCE", 0.0, 0.002),
+        horovod_timeline.Span("grad.b", "NEGOTIATE_ALLREDUCE", 0.001, 0.003),
     ]
     figs.append(plots.horovod_timeline(spans))
     for i, fig in enumerate(figs):
@@ -540,7 +541,7 @@ def test_figures_draw(tmp_path):
 
 
 def test_read_timeline_tolerates_a_cut_file(tmp_path):
-    from lab_utils.plots import lab2 as plots
+    import lab2_horovod_timeline as horovod_timeline
 
     path = tmp_path / "t.json"
     path.write_text(
@@ -548,7 +549,9 @@ def test_read_timeline_tolerates_a_cut_file(tmp_path):
         '{"name": "ALLREDUCE", "ph": "B", "ts": 1000, "pid": 1, "tid": 1},\n'
         '{"name": "ALLREDUCE", "ph": "E", "ts": 3000, "pid": 1, "tid": 1},\n'
     )
-    assert plots.read_timeline(path) == [plots.Span("w", "ALLREDUCE", 0.0, 0.002)]
+    assert horovod_timeline.read_timeline(path) == [
+        horovod_timeline.Span("w", "ALLREDUCE", 0.0, 0.002)
+    ]
 
 
 # ------------------------------------------- every process count trains, and exits cleanly

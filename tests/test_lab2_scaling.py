@@ -11,9 +11,9 @@ processes and shows the check failing for it.
 import pytest
 from conftest import REPO
 
+import lab2_checks as checks
 from lab_utils import data, launch
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab2 as checks
 
 SCRIPT = REPO / "labs" / "lab2_data_parallel" / "scripts" / "train_ddp.py"
 PROCESSES = (1, 2, 4, 8)

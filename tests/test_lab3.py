@@ -14,11 +14,11 @@ import pytest
 import torch
 from torch import nn
 
+import lab3_checks as check
+import lab3_solutions as solutions
 from lab_utils import optim
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab3 as check
 from lab_utils.loader import TensorLoader
-from lab_utils.solutions import lab3 as solutions
 from lab_utils.train import Trainer
 
 LAB = Path(__file__).resolve().parent.parent / "labs" / "lab3_large_batch"
@@ -398,7 +398,7 @@ def test_plots_draw_what_they_are_given():
 
     import matplotlib.pyplot as plt
 
-    from lab_utils.plots import lab3 as lplots
+    import lab3_plots as lplots
 
     def result(label, acc, diverged=False):
         return NS(

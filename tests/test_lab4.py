@@ -13,10 +13,10 @@ import torch
 from conftest import REPO, processes_matching, tiny_transformer
 from torch.nn import functional as F
 
+import lab4_checks as checks
+import lab4_solutions as solutions
 from lab_utils import launch, memory, models, parallel, text
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab4 as checks
-from lab_utils.solutions import lab4 as solutions
 from lab_utils.source import load_script
 
 LAB = REPO / "labs" / "lab4_model_parallel"

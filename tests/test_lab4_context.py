@@ -19,11 +19,11 @@ from conftest import REPO
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+import lab4_checks as checks
+import lab4_solutions as reference
 from lab_utils import launch, planner
 from lab_utils import ring_attention as ring
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab4 as checks
-from lab_utils.solutions import lab4 as reference
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "context_parallel.py"

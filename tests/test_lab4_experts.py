@@ -11,10 +11,10 @@ import pytest
 import torch
 from conftest import REPO, tiny_transformer
 
+import lab4_checks as checks
+import lab4_solutions as solutions
 from lab_utils import launch, models, moe
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab4 as checks
-from lab_utils.solutions import lab4 as solutions
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "experts.py"
 TINY = tiny_transformer(steps=2)

@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import REPO, processes_matching, tiny_transformer
 
+import lab4_checks as checks
 from lab_utils import launch, models, parallel, timeline
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab4 as checks
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline.py"

@@ -19,10 +19,10 @@ import pytest
 from conftest import REPO, tiny_transformer
 from torch.distributed import pipelining as pp
 
+import lab4_checks as checks
+import lab4_solutions as reference
 from lab_utils import launch, models, timeline
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab4 as checks
-from lab_utils.solutions import lab4 as reference
 from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "pipeline_schedules.py"

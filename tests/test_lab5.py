@@ -12,10 +12,10 @@ import pytest
 import torch
 from conftest import REPO, processes_matching
 
+import lab5_checks as checks
+import lab5_solutions as solutions
 from lab_utils import launch, tensordata
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab5 as checks
-from lab_utils.solutions import lab5 as solutions
 from lab_utils.source import load_script
 
 LAB = REPO / "labs" / "lab5_systems"

@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO, processes_matching
 
+import lab5_checks as checks
+import lab5_plots as plots
+import lab5_solutions as solutions
 from lab_utils import exercises, launch, models, tensordata
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab5 as checks
-from lab_utils.plots import lab5 as plots
-from lab_utils.solutions import lab5 as solutions
 
 LAB = REPO / "labs" / "lab5_systems"
 SCRIPT = LAB / "scripts" / "param_server.py"

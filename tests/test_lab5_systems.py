@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from conftest import REPO, processes_matching
 
+import lab5_checks as checks
+import lab5_plots as plots
 from lab_utils import launch, models, tensordata
-from lab_utils.checks import lab5 as checks
-from lab_utils.plots import lab5 as plots
 from lab_utils.source import load_script
 
 matplotlib.use("Agg")

@@ -11,10 +11,10 @@ import pytest
 import torch.distributed as dist
 from conftest import REPO, tiny_transformer
 
+import lab6_checks as checks
+import lab6_solutions as solutions
 from lab_utils import launch, trace
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab6 as checks
-from lab_utils.solutions import lab6 as solutions
 from lab_utils.source import load_script
 
 SCRIPTS = REPO / "labs" / "lab6_efficiency" / "scripts"

@@ -16,10 +16,10 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 
+import lab6_checks as checks
+import lab6_plots as plots
+import lab6_solutions as reference
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab6 as checks
-from lab_utils.plots import lab6 as plots
-from lab_utils.solutions import lab6 as reference
 
 TINY = 2.0**-24  # fp16's smallest subnormal
 

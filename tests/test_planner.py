@@ -20,10 +20,10 @@ import torch
 from conftest import REPO
 from torch.utils.checkpoint import checkpoint
 
+import lab4_checks as checks
+import lab4_solutions as reference
 from lab_utils import memory, models, moe, parallel, planner, saved_bytes, text, timeline
 from lab_utils.checks import CheckFailed
-from lab_utils.checks import lab4 as checks
-from lab_utils.solutions import lab4 as reference
 
 
 def config(d=36, layers=2, seq=20, **kw):

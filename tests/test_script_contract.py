@@ -4,7 +4,7 @@
   docstring with its fields, and every event listed is emitted: a notebook reads them by
   name (``result.event(name)``, ``result.events(name)``), so the docstring is where a
   student and a maintainer find what comes back.
-- No script or library module imports ``lab_utils.solutions``, directly or through
+- No script or library module imports a lab's ``labN_solutions``, directly or through
   another module: what a script runs is library code; only the exercises' machinery
   (``lab_utils.exercises``, the self-checks, the solutions themselves) reads the
   references. A reference a script needs lives in the library and is re-exported by
@@ -153,6 +153,9 @@ def _module_file(name: str, folder: Path) -> Path | None:
     if (folder / f"{name}.py").is_file():
         return folder / f"{name}.py"
     parts = name.split(".")
+    if re.fullmatch(r"lab\d+_\w+", name):  # a lab's own module, beside its notebooks
+        found = sorted(REPO.glob(f"labs/{name.split('_')[0]}_*/{name}.py"))
+        return found[0] if found else None
     if parts[0] == "lab_utils":
         base = REPO.joinpath(*parts)
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
@@ -278,7 +281,6 @@ def test_an_unlisted_or_unreadable_event_fails(tmp_path):
 
 
 # ------------------------------------------------------- scripts never run the solutions
-SOLUTIONS = LIBRARY / "solutions"
 
 
 def _is_machinery(path: Path) -> bool:
@@ -287,8 +289,7 @@ def _is_machinery(path: Path) -> bool:
     the reference), wherever a lab keeps them."""
     rel = path.relative_to(REPO).as_posix()
     return (
-        rel.startswith("lab_utils/solutions/")
-        or rel == "lab_utils/exercises.py"
+        rel == "lab_utils/exercises.py"
         or "checks" in path.stem
         or "solutions" in path.stem
         or "/checks/" in rel
@@ -298,7 +299,7 @@ def _is_machinery(path: Path) -> bool:
 def _imported(path: Path) -> set[Path]:
     """The files of ``lab_utils`` (and the script's siblings) that ``path`` imports
     anywhere in it (a function's import runs when it is called), with the packages they
-    sit in; a module name written as a string (``import_module("lab_utils.solutions...")``)
+    sit in; a module name written as a string (``import_module("lab4_solutions")``)
     counts too."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     package = (
@@ -319,9 +320,9 @@ def _imported(path: Path) -> set[Path]:
         elif (
             isinstance(node, ast.Constant)
             and isinstance(node.value, str)
-            and node.value.startswith("lab_utils.solutions")
+            and re.fullmatch(r"lab\d+_solutions", node.value)
         ):
-            names.add("lab_utils.solutions")
+            names.add(node.value)
     files = set()
     for name in names:
         parts = name.split(".")
@@ -332,13 +333,15 @@ def _imported(path: Path) -> set[Path]:
 
 
 def reaches_solutions(path: Path) -> list[Path] | None:
-    """The chain of imports from ``path`` to ``lab_utils.solutions``, or ``None``."""
+    """The chain of imports from ``path`` to a lab's ``labN_solutions``, or ``None``."""
     seen = {path}
     todo = [[path]]
     while todo:
         chain = todo.pop()
         for f in sorted(_imported(chain[-1])):
-            if f.is_relative_to(SOLUTIONS) or "solutions" in f.stem:  # wherever a lab keeps them
+            # labN_solutions.py beside the lab's notebooks, or the machinery that loads them
+            # by name (exercises.reference -> paths.lab_module, a string no reader sees)
+            if f.stem.endswith("_solutions") or f == LIBRARY / "exercises.py":
                 return [*chain, f]
             if f not in seen:
                 seen.add(f)
@@ -370,11 +373,11 @@ def test_the_import_reader_sees_every_form(tmp_path):
     string, and the way through a library module that imports the solutions."""
     for i, line in enumerate(
         [
-            "from lab_utils.solutions.lab4 import top_k_route",
-            "from lab_utils.solutions import lab6",
-            "import lab_utils.solutions.lab4 as reference",
-            "def f():\n    from lab_utils import solutions",
-            "import importlib\nimportlib.import_module('lab_utils.solutions.lab4')",
+            "from lab4_solutions import top_k_route",
+            "from lab6_solutions import make_buckets",
+            "import lab4_solutions as reference",
+            "def f():\n    import lab6_solutions",
+            "import importlib\nimportlib.import_module('lab4_solutions')",
             "from lab_utils import exercises",  # its reference() imports them
         ]
     ):

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import lab2_script_diff as lab2
 from lab_utils import source
-from lab_utils.plots import lab2
 
 SCRIPT = '''"""A small script."""
 

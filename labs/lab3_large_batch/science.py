@@ -10,7 +10,7 @@ cannot show the claims, so they print "not asserted (quick)"; the exact accumula
 claim is asserted everywhere). ``tests/test_lab3.py`` asserts the claims on the ``cpu``
 profile in ``make test``.
 
-The claims and their fixed thresholds (``lab_utils.checks.lab3``):
+The claims and their fixed thresholds (``lab3_checks``):
 
 1. a naive large batch (×16, same epochs, base learning rate) loses ≥ 2 points;
 2. linear scaling + warm-up at that batch is within 1 point of the baseline;
@@ -45,6 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments.py beside this file
 
+import lab3_checks as checks
 from experiments import (
     Run,
     Setup,
@@ -56,9 +57,7 @@ from experiments import (
     setup_for,
     train,
 )
-
 from lab_utils import optim, profile
-from lab_utils.checks import lab3 as checks
 
 
 @dataclass(frozen=True)
