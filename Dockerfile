@@ -17,7 +17,7 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # The image's own OpenMPI comes first on PATH, so Horovod is built and run with it.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless \
+        openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless iproute2 \
     && rm -rf /var/lib/apt/lists/*
 
 # Keep the image's torch whatever pip resolves below. NGC images from 25.03 on

@@ -25,7 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Debian packages the labs need; Dockerfile and environment.yml name the same
 # (checked by tests/test_setup_files.py).
-APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless"
+APT_PACKAGES="openmpi-bin libopenmpi-dev dataset-fashion-mnist make cmake g++ bubblewrap openjdk-17-jre-headless iproute2"
 # Debian's browser, for the tests that drive JupyterLab (tests/test_browser.py); not in
 # the Dockerfile (Ubuntu's chromium is a snap) nor in environment.yml. Tests only.
 BROWSER_APT_PACKAGES="chromium"

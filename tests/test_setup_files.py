@@ -36,6 +36,7 @@ CONDA_NAME_OF_APT_PACKAGE = {
     "g++": "cxx-compiler",
     "bubblewrap": None,  # a system tool with no conda package (environment.yml says so)
     "openjdk-17-jre-headless": "openjdk",
+    "iproute2": None,  # ip and tc for Lab 7's slow link: system tools (environment.yml says so)
 }
 
 HOROVOD_FLAG = re.compile(r"\b(HOROVOD_[A-Z_]+)=(\S+)")

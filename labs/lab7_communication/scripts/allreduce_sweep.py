@@ -1,0 +1,323 @@
+"""All-reduce time against message size on the job's link, and DDP steps on it.
+
+Run inside a link that ``lab_utils.slow_link`` made (a private network namespace whose
+loopback the kernel's token-bucket filter rate-limits), every byte the ranks exchange
+crosses that link. For each rate in --rates (rank 0 changes the job's own link between
+measurements with ``slow_link.set_rate``; ``none`` is the same loopback unshaped), the
+script
+
+1. times one all-reduce of each --sizes-kb (float32 payload, Gloo on CPU, NCCL on GPU)
+   --repeats times, each round every size once, the order reversed every other round;
+   a time is the span from the first rank's start to the last rank's end (one clock:
+   every process of one machine reads the same monotonic clock);
+2. counts the bytes the link carried per all-reduce (the qdisc's own counter, headers
+   included, the barriers around it subtracted);
+3. lets the link idle before each timed all-reduce until the token bucket is full
+   (1.2 × burst / rate): every message starts with a full bucket, whose burst passes at
+   the loopback's own speed;
+4. with --ddp, times Lab 6.5's naive and overlapped hand-made DDP, PyTorch's DDP and the
+   same step without communication on the character transformer, in rounds that visit
+   every rate and every variant (the orders reversed every other round), and counts the
+   link bytes of one step of each.
+
+Sizes whose all-reduce would take longer than --max-seconds at a rate are left out there.
+Outside a slow link (``--rates`` not given) it measures the link it runs on, without
+byte counts; alone (one process) nothing crosses any link, and it says so.
+
+    python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone --nproc-per-node 2 allreduce_sweep.py --rates 50 200 none
+    torchrun --standalone --nproc-per-node 2 allreduce_sweep.py
+    mpirun -np 2 python allreduce_sweep.py --sizes-kb 64 1024
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    link: procs, backend, device, shaped, counted, burst_bytes, latency_ms, mtu, rates
+    sweep: rate_mbit, sizes, seconds, link_bytes, barrier_bytes, drops, fill_s
+        (one per rate)
+    ddp: rate_mbit, bucket_kb, buckets, bucket_bytes, psi_bytes, repeats, variants,
+        backward_s, link_bytes (one per rate, with --ddp)
+"""
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from lab_utils import dist as labdist
+from lab_utils import gloo_exit, metrics, parallel, profile, slow_link
+
+# Lab 6.5's hand-made DDP and its timed training step, reused as they are.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab6_efficiency" / "scripts"))
+from ddp_by_hand import Variant, bucket_bytes
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    P = profile.current()
+    p = profile.script_parser(__doc__.splitlines()[0])
+    parallel.add_model_args(p)
+    p.add_argument(
+        "--sizes-kb",
+        nargs="+",
+        type=float,
+        default=P.pick(
+            quick=[4, 16, 64, 256, 512],
+            cpu=[4, 16, 64, 128, 256, 512, 1024, 2048, 4096],
+            gpu=[4, 16, 64, 256, 1024, 4096, 16384, 65536],
+        ),
+        help="payload sizes (KiB of float32) of the all-reduces timed",
+    )
+    p.add_argument(
+        "--rates",
+        nargs="+",
+        default=None,
+        help="link rates (Mbit/s, or 'none': unshaped) measured one after the other; needs "
+        "the job inside a slow link (python -m lab_utils.slow_link ... -- torchrun ...)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=P.pick(quick=3, cpu=5, gpu=10), help="rounds timed"
+    )
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=P.pick(quick=0.1, cpu=0.3, gpu=0.3),
+        help="leave out the sizes whose all-reduce would take longer at a rate",
+    )
+    p.add_argument("--ddp", action="store_true", help="also time DDP steps at every rate")
+    p.add_argument("--bucket-kb", type=float, default=256, help="DDP's bucket cap (KiB) for --ddp")
+    return p.parse_args(argv)
+
+
+def rate_of(word: str) -> float | None:
+    return None if word.lower() == "none" else float(word)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def spans(starts: list[float], ends: list[float]) -> list[float]:
+    """Per round, from the first rank's start to the last rank's end (seconds)."""
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, (starts, ends))
+    return [max(e[r] for _, e in every) - min(s[r] for s, _ in every) for r in range(len(starts))]
+
+
+def link_bytes() -> int | None:
+    """The bytes the job's link has carried so far (rank 0 reads, None when uncounted)."""
+    if dist.get_rank() != 0:
+        return None
+    c = slow_link.counters()
+    return None if c is None else c["bytes"]
+
+
+def barrier_bytes(device: torch.device, n: int = 10) -> float | None:
+    """Link bytes of one barrier, from ``n`` of them."""
+    dist.barrier()
+    before = link_bytes()
+    for _ in range(n):
+        dist.barrier()
+    after = link_bytes()
+    return None if before is None else (after - before) / n
+
+
+def expected_link_s(nbytes: int, link: slow_link.Link | None) -> float:
+    """Roughly how long one all-reduce of ``nbytes`` takes on ``link`` (to leave out
+    sizes): every rank sends 2(N−1)/N of it, all over the one link."""
+    if link is None or link.rate_mbit is None:
+        return 0.0
+    n = dist.get_world_size()
+    return 2 * (n - 1) * nbytes * 1.05 / link.rate_bytes_per_s
+
+
+def sweep(args, device: torch.device, link: slow_link.Link | None) -> dict:
+    """Steps 1–2 at the current rate."""
+    sizes = [
+        4 * max(1, round(kb * 1024 / 4))
+        for kb in args.sizes_kb
+        if expected_link_s(kb * 1024, link) <= args.max_seconds
+    ]
+    tensors = [torch.ones(n // 4, device=device) for n in sizes]
+    for t in tensors:
+        dist.all_reduce(t)  # warm-up: connections, buffers
+    per_barrier = barrier_bytes(device)
+    # [3] time for the bucket to fill: every all-reduce starts with a full bucket
+    rate = None if link is None else link.rate_bytes_per_s
+    fill_s = 1.2 * link.burst_bytes / rate if rate else 0.0
+    starts: list[list[float]] = [[] for _ in sizes]
+    ends: list[list[float]] = [[] for _ in sizes]
+    counted = [0.0] * len(sizes)
+    for r in range(args.repeats):
+        order = range(len(sizes)) if r % 2 == 0 else reversed(range(len(sizes)))
+        for i in order:
+            dist.barrier()
+            before = link_bytes()
+            time.sleep(fill_s)
+            dist.barrier()
+            sync(device)
+            starts[i].append(time.perf_counter())
+            dist.all_reduce(tensors[i])
+            sync(device)
+            ends[i].append(time.perf_counter())
+            dist.barrier()
+            after = link_bytes()
+            if before is not None:
+                counted[i] += after - before - 2 * per_barrier
+    c = slow_link.counters() if dist.get_rank() == 0 else None
+    return {
+        "sizes": sizes,
+        "seconds": [spans(s, e) for s, e in zip(starts, ends, strict=True)],
+        "link_bytes": [x / args.repeats for x in counted] if per_barrier is not None else None,
+        "barrier_bytes": per_barrier,
+        "drops": None if c is None else c["drops"],
+        "fill_s": fill_s,
+    }
+
+
+def switch(rate: float | None, rates: list | None, link: slow_link.Link | None):
+    """The job's link at ``rate`` (changed by rank 0 when --rates asks for several)."""
+    if rates is None:
+        return link
+    dist.barrier()
+    time.sleep(0.05)  # nothing in flight while the qdisc is replaced
+    if dist.get_rank() == 0:  # the job's own link: one rank changes it for all
+        slow_link.set_rate(rate)
+    dist.barrier()
+    return dataclasses.replace(link, rate_mbit=rate)
+
+
+def ddp_rounds(args, data, device, rates: list | None, link) -> dict:
+    """Step 4: every round visits every rate (the order reversed every other round) and
+    times one step of every variant there (their order reversed too), so that a machine
+    getting busier favours no rate and no variant; in the first round the link bytes of
+    one step of each variant that communicates are counted. Returns per rate."""
+    kb = args.bucket_kb
+    variants = [
+        Variant("naive", args, device, kb, "naive"),
+        Variant("overlapped", args, device, kb, "overlap"),
+        Variant("DDP", args, device, kb, "ddp"),
+        Variant("no communication", args, device, kb, "none"),
+    ]
+    order = rates if rates is not None else [None if link is None else link.rate_mbit]
+    out = {
+        r: {"variants": {v.name: [] for v in variants}, "backward": [], "link_bytes": {}}
+        for r in order
+    }
+    rank, n = dist.get_rank(), dist.get_world_size()
+    mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
+    x, y = data.batch(args.batch_size, args.seq_len, 0, args.seed)
+    x, y = x[mine].to(device), y[mine].to(device)
+    for v in variants:  # warm-up: HandDDP builds its buckets in its first step, as DDP does
+        v.step(x, y)
+    for r in range(args.repeats):
+        for rate in order if r % 2 == 0 else order[::-1]:
+            switch(rate, rates, link)
+            counting = r == 0 and link is not None  # the same on every rank
+            per_barrier = barrier_bytes(device) if counting else None
+            for v in variants if r % 2 == 0 else variants[::-1]:
+                dist.barrier()  # every rank starts the variant together
+                before = link_bytes() if counting else None
+                v.step(x, y)
+                if counting and v.kind != "none":
+                    dist.barrier()
+                    after = link_bytes()
+                    if before is not None:  # rank 0
+                        out[rate]["link_bytes"][v.name] = after - before - per_barrier
+                out[rate]["variants"][v.name].append(v.seconds[-1])
+                if v.kind == "none":
+                    out[rate]["backward"].append(v.backward_seconds[-1])
+    hand = variants[0].hand
+    psi = sum(p.numel() * p.element_size() for p in variants[-1].model.parameters())
+    return {
+        rate: {
+            "buckets": len(hand.buckets),
+            "bucket_bytes": bucket_bytes(hand),
+            "psi_bytes": psi,
+            "variants": o["variants"],
+            "backward_s": statistics.median(o["backward"]),
+            "link_bytes": o["link_bytes"] or None,
+        }
+        for rate, o in out.items()
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    link = slow_link.current()
+    rates = [rate_of(w) for w in args.rates] if args.rates else None
+    parallel.require(
+        rates is None or link is not None,
+        "--rates changes the job's own link: start the job inside one, e.g. "
+        "python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone "
+        "--nproc-per-node 2 allreduce_sweep.py --rates 50 none",
+    )
+    if args.ddp:
+        parallel.require_batch_split(args.batch_size)
+    # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it
+    # ends by os._exit with Python's own status (sys.exit, atexit.register and
+    # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
+    gloo_exit.arm()
+    info = labdist.init(group_if_alone=True)
+    device = info.device
+    if info.world_size == 1:
+        labdist.print0(
+            "one process: an all-reduce sends nothing, so no byte crosses any link; the "
+            "times below are the collective's own overhead. Start 2 or more processes."
+        )
+    metrics.emit(
+        {
+            "event": "link",
+            "procs": info.world_size,
+            "backend": info.backend,
+            "device": str(device),
+            "shaped": link is not None,
+            "counted": link is not None,
+            "burst_bytes": None if link is None else link.burst_bytes,
+            "latency_ms": None if link is None else link.latency_ms,
+            "mtu": None if link is None else link.mtu,
+            "rates": [None if link is None else link.rate_mbit] if rates is None else rates,
+        }
+    )
+    for rate in rates or [None if link is None else link.rate_mbit]:
+        here = switch(rate, rates, link)
+        label = here.label if here is not None else "the link this job runs on (not counted)"
+        result = sweep(args, device, here)
+        metrics.emit({"event": "sweep", "rate_mbit": rate, **result})
+        biggest = result["sizes"][-1]
+        labdist.print0(
+            f"{label}: all-reduce of {biggest / 1024:,.0f} KiB in "
+            f"{statistics.median(result['seconds'][-1]) * 1e3:.1f} ms (median of "
+            f"{args.repeats})"
+            + (
+                f", {result['link_bytes'][-1] / biggest:.3f} bytes on the link per payload byte"
+                if result["link_bytes"]
+                else ""
+            )
+        )
+    if args.ddp:
+        steps = ddp_rounds(args, parallel.corpus(args), device, rates, link)
+        for rate, at_rate in steps.items():
+            metrics.emit(
+                {
+                    "event": "ddp",
+                    "rate_mbit": rate,
+                    "bucket_kb": args.bucket_kb,
+                    "repeats": args.repeats,
+                    **at_rate,
+                }
+            )
+            med = {k: statistics.median(v) * 1e3 for k, v in at_rate["variants"].items()}
+            name = f"{rate:g} Mbit/s" if rate is not None else "unshaped"
+            name = name if link is not None else "the link this job runs on"
+            labdist.print0(
+                f"DDP at {name}: median step (ms) "
+                + ", ".join(f"{k} {t:.1f}" for k, t in med.items())
+            )
+    labdist.shutdown()
+
+
+if __name__ == "__main__":
+    main()
