@@ -17,44 +17,47 @@ import torch.distributed as dist
 from torch import nn
 
 from . import dist as labdist
-from . import models, profile, text
+from . import models, text
+from .settings import By, Settings
+
+# The character transformer and its data, as Labs 4, 6 and 7 size it: one place for the
+# scripts' defaults (add_model_args) and for the notebooks that launch them
+# (MODEL.of().d_model, MODEL.args("d_model", "layers")).
+MODEL = Settings(
+    d_model=By(quick=64, cpu=128, gpu=512),
+    heads=4,
+    layers=4,
+    seq_len=By(quick=32, cpu=64, gpu=256),
+    batch_size=By(quick=16, cpu=32, gpu=64),
+    n_chars=By(quick=200_000, cpu=1_000_000, gpu=0),
+    steps=By(quick=3, cpu=20, gpu=100),
+    lr=1e-3,
+)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """Options of the character transformer and its data (defaults per profile). Every
-    option has a help text, so a parser from :func:`lab_utils.profile.script_parser`
-    shows its default for the current profile in ``--help``."""
-    P = profile.current()
-    p.add_argument(
-        "--d-model",
-        type=int,
-        default=P.pick(quick=64, cpu=128, gpu=512),
-        help="width d of the model",
-    )
-    p.add_argument("--heads", type=int, default=4, help="attention heads per block")
-    p.add_argument("--layers", type=int, default=4, help="transformer blocks")
-    p.add_argument(
-        "--seq-len",
-        type=int,
-        default=P.pick(quick=32, cpu=64, gpu=256),
-        help="characters per sequence",
-    )
+    """Options of the character transformer and its data, defaults from :data:`MODEL`
+    for the current profile. Every option has a help text, so a parser from
+    :func:`lab_utils.profile.script_parser` shows its default for the profile in ``--help``."""
+    m = MODEL.of()
+    p.add_argument("--d-model", type=int, default=m.d_model, help="width d of the model")
+    p.add_argument("--heads", type=int, default=m.heads, help="attention heads per block")
+    p.add_argument("--layers", type=int, default=m.layers, help="transformer blocks")
+    p.add_argument("--seq-len", type=int, default=m.seq_len, help="characters per sequence")
     p.add_argument(
         "--batch-size",
         type=int,
-        default=P.pick(quick=16, cpu=32, gpu=64),
+        default=m.batch_size,
         help="sequences per step (the whole batch, all micro-batches / ranks)",
     )
     p.add_argument(
         "--n-chars",
         type=int,
-        default=P.pick(quick=200_000, cpu=1_000_000, gpu=0),
+        default=m.n_chars,
         help=f"characters of the {text.NAME} corpus to use (0: 5 million)",
     )
-    p.add_argument(
-        "--steps", type=int, default=P.pick(quick=3, cpu=20, gpu=100), help="training steps"
-    )
-    p.add_argument("--lr", type=float, default=1e-3, help="Adam's learning rate")
+    p.add_argument("--steps", type=int, default=m.steps, help="training steps")
+    p.add_argument("--lr", type=float, default=m.lr, help="Adam's learning rate")
     p.add_argument("--checkpoint", default=None, help="save the whole trained model here (rank 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches")
 
