@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from conftest import REPO
 
 from lab_utils.settings import By, Settings, option
 
@@ -34,3 +38,44 @@ def test_mistakes_are_named():
         S.of("fast")
     with pytest.raises(TypeError, match="flag"):
         Settings(augment=True).args("augment", profile="quick")
+
+
+# ------------------------------------------------------------- one place per lab
+ALLOWED = {"lab_utils/profile.py", "lab_utils/settings.py", "tests/test_profile.py"}
+
+
+def picks_outside_settings(root: Path = REPO) -> list[str]:
+    """Files that choose a size by profile (``.pick(`` or ``By(``) outside the places
+    that hold them: a lab's ``labN_settings.py``, ``parallel.MODEL`` (Labs 4, 6, 7's model)."""
+    files = [
+        *root.glob("labs/**/*.py"),
+        *root.glob("labs/**/*.ipynb"),
+        *root.glob("lab_utils/**/*.py"),
+        *root.glob("benchmarks/**/*.py"),
+        *root.glob("tests/*.py"),
+        *root.glob("assessment/**/*.py"),
+    ]
+    found = []
+    for f in files:
+        rel = f.relative_to(root).as_posix()
+        if ".ipynb_checkpoints" in rel or rel in ALLOWED or rel == "tests/test_settings.py":
+            continue
+        if re.fullmatch(r"labs/lab\d+_\w+/lab\d+_settings\.py", rel):
+            continue
+        text = f.read_text(encoding="utf-8")
+        if rel == "lab_utils/parallel.py":
+            text = text.split("MODEL = Settings(", 1)[0] + text.split("\n)\n", 1)[-1]
+        if re.search(r"\.pick\(|\bBy\(", text):
+            found.append(rel)
+    return sorted(found)
+
+
+def test_every_size_by_profile_lives_in_its_labs_settings():
+    assert picks_outside_settings() == []
+
+
+def test_a_pick_outside_the_settings_is_found(tmp_path):
+    (tmp_path / "labs" / "lab9_x").mkdir(parents=True)
+    (tmp_path / "labs" / "lab9_x" / "lab9_settings.py").write_text("S = By(quick=1, cpu=2, gpu=3)")
+    (tmp_path / "labs" / "lab9_x" / "01_a.ipynb").write_text('"N = P.pick(quick=1, cpu=2, gpu=3)"')
+    assert picks_outside_settings(tmp_path) == ["labs/lab9_x/01_a.ipynb"]
