@@ -579,6 +579,7 @@ def run(
     threads_per_proc: int | None = 1,
     launcher_args: Sequence[str] = (),
     module: bool = False,
+    wrapper: Sequence[str] = (),
 ) -> LaunchResult:
     """Run ``script`` with ``nprocs`` processes under ``launcher`` and wait for it.
 
@@ -594,6 +595,9 @@ def run(
         threads_per_proc: ``OMP_NUM_THREADS`` for each rank (``None``: leave as is).
         launcher_args: extra options for the launcher itself.
         module: ``script`` is a module name, run as ``python -m script``.
+        wrapper: a command the launcher runs under (``lab_utils.slow_link.prefix``: a
+            network namespace of its own); it goes inside the supervisor, so a timeout or
+            an interrupt ends it with the job.
 
     First it prints the command it starts, ``$ VAR=value ... launcher ... script args``
     (:func:`shell_line`: the variables of ``env`` and :data:`SHOWN_VARS`), so the cell
@@ -607,7 +611,7 @@ def run(
     os.close(fd)
     job = job_env(launcher, env, threads_per_proc, timeout)
     job[lmetrics.ENV_VAR] = metrics_file
-    cmd = command(launcher, nprocs, script, args, launcher_args, job, module)
+    cmd = [*wrapper, *command(launcher, nprocs, script, args, launcher_args, job, module)]
     print("$ " + shell_line(cmd, job, [*(env or {}), *SHOWN_VARS], cwd), flush=True)
     try:
         result = stream(cmd, env=job, cwd=cwd, timeout=timeout, on_line=_echo if echo else None)

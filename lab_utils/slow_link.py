@@ -40,7 +40,6 @@ inside a link. From a terminal::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -48,7 +47,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -348,25 +346,20 @@ def run(
     namespaces) and the launcher, so a timeout or an interrupted cell ends the tree as
     usual, and whatever happens the namespace goes with its last process."""
     from . import launch
-    from . import metrics as lmetrics
 
-    fd, metrics_file = tempfile.mkstemp(prefix="labs-metrics-", suffix=".jsonl")
-    os.close(fd)
-    job = launch.job_env(launcher, env, threads_per_proc, timeout)
-    job[lmetrics.ENV_VAR] = metrics_file
-    cmd = launch.command(launcher, nprocs, script, args, launcher_args, job)
-    if link is not None:
-        cmd = wrap(cmd, link)
-    print("$ " + launch.shell_line(cmd, job, [*(env or {}), *launch.SHOWN_VARS], cwd), flush=True)
-    try:
-        result = launch.stream(
-            cmd, env=job, cwd=cwd, timeout=timeout, on_line=launch._echo if echo else None
-        )
-        result.metrics = lmetrics.read(metrics_file)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(metrics_file)
-    return result
+    return launch.run(
+        script,
+        args,
+        nprocs=nprocs,
+        launcher=launcher,
+        timeout=timeout,
+        env=env,
+        cwd=cwd,
+        echo=echo,
+        threads_per_proc=threads_per_proc,
+        launcher_args=launcher_args,
+        wrapper=prefix(link) if link is not None else (),
+    )
 
 
 def host_loopback_qdisc() -> str:
