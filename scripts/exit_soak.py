@@ -34,6 +34,7 @@ LAB3 = REPO / "labs" / "lab3_large_batch" / "scripts"
 LAB4 = REPO / "labs" / "lab4_model_parallel" / "scripts"
 LAB5 = REPO / "labs" / "lab5_systems" / "scripts"
 LAB6 = REPO / "labs" / "lab6_efficiency" / "scripts"
+LAB7 = REPO / "labs" / "lab7_communication" / "scripts"
 TRAIN = [
     "--n-train",
     "256",
@@ -197,6 +198,7 @@ JOBS = {
         launcher="mpirun",
     ),
     "predicted_bytes": Job(LAB6 / "predicted_bytes.py", ("--strategies", "ddp", "pp")),
+    "allreduce_sweep": Job(LAB7 / "allreduce_sweep.py", ("--sizes-kb", "4", "--repeats", "1")),
     "reference_ddp": Job(
         REPO / "assessment" / "solutions" / "reference_ddp.py",
         ("--dataset", "synthetic-cifar10", "--epochs", "1"),
