@@ -66,9 +66,10 @@ def test_every_lab_script_has_a_line() -> None:
 
 def test_every_module_of_a_lab_is_in_the_layout() -> None:
     """A lab's own modules are named in the layout: by the pattern every lab follows
-    (``labN_checks.py``, ``labN_plots.py``, ``labN_solutions.py``), else by name."""
+    (``labN_checks.py``, ``labN_plots.py``, ``labN_solutions.py``,
+    ``labN_settings.py``), else by name."""
     layout = DOC.read_text(encoding="utf-8").split("## Layout", 1)[1].split("\n## ", 1)[0]
-    generic = {f"labN_{kind}.py" for kind in ("checks", "plots", "solutions")}
+    generic = {f"labN_{kind}.py" for kind in ("checks", "plots", "solutions", "settings")}
     assert generic <= set(re.findall(r"labN_\w+\.py", layout)), "the pattern is in the layout"
     missing = [
         m
