@@ -16,11 +16,12 @@ The character transformer (Labs 4 and 6) trained by ``DistributedDataParallel`` 
 
 Every ``torch.distributed`` all-reduce a step issues is counted (``lab_utils.traffic``
 wraps the functions, so the all-reduces PowerSGD issues from Gloo's callback threads are
-seen too, which ``CommDebugMode`` does not). On Gloo, PowerSGD needs DDP to make ONE
-bucket: its callbacks wait for an all-reduce on the thread that runs them
-(``powerSGD_hook.py`` lines 584–589 and 606–611 in torch 2.13), and with two buckets both
-of Gloo's worker threads wait so (the job hangs). The script gives DDP a bucket cap above
-the gradients' size for PowerSGD on Gloo, and says so.
+seen too, which ``CommDebugMode`` does not). On Gloo, PowerSGD is given ONE bucket: its
+callbacks wait for an all-reduce on the thread that runs them (``powerSGD_hook.py`` lines
+584–589 and 606–611 in torch 2.13), which on Gloo is one of the group's two worker
+threads; with two buckets both threads can end up waiting so, and the job hangs (a race;
+seen here in 7 runs at the first compressed step, never with one bucket). The script
+gives DDP a bucket cap above the gradients' size for PowerSGD on Gloo, and says so.
 
     torchrun --standalone --nproc-per-node 2 scripts/compressed_ddp.py --hooks none fp16 powersgd
     python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone --nproc-per-node 2 scripts/compressed_ddp.py
