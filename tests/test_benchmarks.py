@@ -1,21 +1,29 @@
-"""The benchmark harness: its helpers, its command line, and a full ``--quick`` run.
+"""The benchmark harness: its helpers, its command line, and a ``--quick`` run.
 
-Nothing here asserts a timing: figures depend on the machine. The quick run checks
-that every benchmark still runs end to end and reports what it should.
+Nothing here asserts a timing: figures depend on the machine. The quick run checks that
+the harness runs end to end (command line, machine, table, JSON) on the benchmarks whose
+code and jobs are their own, and that each reports what it should. The others time a
+lab's script, which that lab's tests launch themselves: the harness registers them, and
+every record they read is one their script says it emits (the script's docstring, which
+tests/test_script_contract.py holds to what it emits), so a renamed event or field fails
+here without launching them again (``python -m benchmarks --quick`` runs them all).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 import pytest
 from conftest import REPO
+from test_script_contract import documented
 
 if str(REPO) not in sys.path:  # benchmarks/ is a folder of the repository, not installed
     sys.path.insert(0, str(REPO))
@@ -363,12 +371,154 @@ def test_every_benchmark_module_has_the_interface():
         assert name == mod.NAME and mod.TITLE and callable(mod.run)
 
 
+def test_the_list_names_every_benchmark(capsys):
+    """``python -m benchmarks --list`` (benchmarks/README.md), in this process: the quick
+    run below starts ``python -m benchmarks`` from the root as a reader does."""
+    assert main(["--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == list(BENCHMARKS)
+    assert all(module(name).TITLE in line for name, line in zip(BENCHMARKS, lines))
+
+
+# Run end to end by the quick run: what the harness measures itself (the trainer, the
+# loader, the accuracy curve, the all-reduce, the notebooks' timing, the cost model) and
+# the grading of its own tiny job. The others launch a lab's script (the one their
+# `SCRIPT`/`SCRIPTS` name), which that lab's tests run: see LAB_SCRIPTS.
+QUICK_RUN = ["trainer", "loader", "accuracy", "allreduce", "notebooks", "grading", "lab6_cost"]
+LAB_SCRIPTS = [name for name in BENCHMARKS if name not in QUICK_RUN]
+
+
+def _scripts_named(name: str) -> list[Path]:
+    """The lab scripts a benchmark's module launches: each ``*.py`` it names that one
+    lab's ``scripts/`` folder holds."""
+    source = Path(module(name).__file__).read_text(encoding="utf-8")
+    names = {
+        node.value
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.endswith(".py")
+    }
+    return sorted(p for n in names for p in REPO.glob(f"labs/*/scripts/{n}"))
+
+
+def _is_index(node: ast.AST) -> bool:
+    """``0``, ``-1``: a position in a list, not a field's name."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return isinstance(node, ast.Constant) and isinstance(node.value, int)
+
+
+def records_read(source: str) -> dict[str, set[str]]:
+    """The records a benchmark reads from a launch's result, with the fields it takes from
+    them: ``x.event("name")`` and ``x.events("name")``, and ``["field"]`` or
+    ``.get("field")`` on that call, on a name given it in the same function, or on the
+    loop name of a comprehension over ``.events``."""
+    read: dict[str, set[str]] = {}
+
+    def event_of(call: ast.AST) -> str | None:
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("event", "events")
+            and call.args
+            and isinstance(call.args[0], ast.Constant)
+        ):
+            return call.args[0].value
+        return None
+
+    for scope in [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]:
+        names: dict[str, str] = {}
+        for node in ast.walk(scope):
+            if (event := event_of(node)) is not None:
+                read.setdefault(event, set())
+            if isinstance(node, ast.Assign) and (event := event_of(node.value)):
+                names.update((t.id, event) for t in node.targets if isinstance(t, ast.Name))
+            loop = isinstance(node, ast.comprehension) and isinstance(node.target, ast.Name)
+            if loop and (event := event_of(node.iter)):
+                names[node.target.id] = event
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+                value, field = node.value, node.slice.value
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "get"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                value, field = node.func.value, node.args[0].value
+            else:
+                continue
+            if isinstance(value, ast.Subscript) and _is_index(value.slice):
+                value = value.value  # one record of a list: .events(...)[-1]
+            event = event_of(value)
+            if event is None and isinstance(value, ast.Name):
+                event = names.get(value.id)
+            if event is not None and isinstance(field, str):
+                read[event].add(field)
+    return read
+
+
+def test_the_record_reader_finds_events_and_fields():
+    source = (
+        "def f(job):\n"
+        "    a = job.event('one')['x']\n"
+        "    t = job.event('two')\n"
+        "    b = t['y'] + t.get('z')\n"
+        "    runs = {r['k']: r for r in job.events('three')}\n"
+        "    last = job.events('four')\n"
+        "    return runs['not a field'], last[-1].get('w')\n"
+    )
+    assert records_read(source) == {
+        "one": {"x"},
+        "two": {"y", "z"},
+        "three": {"k"},
+        "four": {"w"},
+    }
+
+
+def unlisted_reads(source: str, scripts: list[Path]) -> list[str]:
+    """What ``source`` reads that none of ``scripts`` lists as emitted (``event`` or
+    ``event.field``)."""
+    listed: dict[str, set[str]] = {}
+    for script in scripts:
+        for event, fields in documented(script).items():
+            listed.setdefault(event, set()).update(fields)
+    missing = []
+    for event, fields in sorted(records_read(source).items()):
+        if event not in listed:
+            missing.append(event)
+        else:
+            missing += [f"{event}.{field}" for field in sorted(fields - listed[event])]
+    return missing
+
+
+@pytest.mark.parametrize("name", LAB_SCRIPTS)
+def test_a_benchmark_of_a_lab_script_reads_what_the_script_emits(name):
+    """Every record (and field) the benchmark reads is one its script lists as emitted."""
+    scripts = _scripts_named(name)
+    assert scripts, f"{name}: names no script of a lab's scripts/ folder"
+    source = Path(module(name).__file__).read_text(encoding="utf-8")
+    missing = unlisted_reads(source, scripts)
+    assert not missing, f"{name} reads what {[s.name for s in scripts]} do not emit: {missing}"
+
+
+def test_a_read_the_script_does_not_emit_fails():
+    ddp = [REPO / "labs" / "lab2_data_parallel" / "scripts" / "train_ddp.py"]
+    read = "def f(job):\n    return job.event('{}')['{}']\n"
+    assert unlisted_reads(read.format("summary", "samples_per_s"), ddp) == []
+    assert unlisted_reads(read.format("summary", "images_per_s"), ddp) == ["summary.images_per_s"]
+    assert unlisted_reads(read.format("totals", "samples_per_s"), ddp) == ["totals"]
+
+
 @pytest.mark.slow
 @pytest.mark.launcher
-def test_quick_run_of_every_benchmark(tmp_path):
+def test_quick_run_of_the_harness(tmp_path):
     out = tmp_path / "bench.json"
+    only = [a for name in QUICK_RUN for a in ("--only", name)]
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "benchmarks", "--quick", *only, "--json", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -381,7 +531,7 @@ def test_quick_run_of_every_benchmark(tmp_path):
     for key in ("cpu", "physical_cores", "logical_cpus", "torch", "torch_threads", "device"):
         assert doc["machine"][key] not in (None, ""), key
     reports = {r["name"]: r for r in doc["benchmarks"]}
-    assert list(reports) == list(BENCHMARKS)
+    assert list(reports) == QUICK_RUN
     for name, r in reports.items():
         assert not r["error"], f"{name}: {r['error']}"
         if r["skipped"]:
@@ -396,7 +546,5 @@ def test_quick_run_of_every_benchmark(tmp_path):
     assert "time to 91% test accuracy" in metrics["accuracy"]
     assert "largest relative difference" in metrics["allreduce"]
     assert reports["allreduce"]["details"]["2_procs"][0]["max_rel_err"] < 1e-5
-    if not reports["ddp"]["skipped"]:
-        assert "DDP speed-up, 2 vs 1 process" in metrics["ddp"]
     assert "check notebook" in metrics["notebooks"]
     assert "budget / time" in metrics["grading"]

@@ -5,9 +5,9 @@ is finalizing, that ends the process with "terminate called without an active
 exception" (SIGABRT); while a group's destructor joins the thread, the rank hangs.
 ``lab_utils.gloo_exit.arm()``, called by the job, keeps destroyed groups referenced and
 makes a rank leave without finalizing the interpreter, with Python's own exit status
-(how an armed process ends: tests/test_gloo_exit.py). These tests run one small job per
-wrapper several times, prove that the detector flags an abort, and that a rank that
-fails still exits with its failure.
+(how an armed process ends: tests/test_gloo_exit.py). These tests run one small job that
+holds every wrapper (DDP, ZeRO, FSDP2, DTensor) twice, prove that the detector flags an
+abort, and that a rank that fails still exits with its failure.
 """
 
 from __future__ import annotations
@@ -25,12 +25,16 @@ WRAPPERS = ["ddp", "zero", "fsdp", "dtensor"]
 # saw 1 aborted run in 30 of sharded.py; these jobs without the fix gave 1 hung DDP run
 # (the group's destructor joining a Gloo thread that waited for the GIL) in 11, and no
 # failure in 10 runs each of ZeRO and FSDP2. No number of runs CI can afford decides
-# that (at one failure in 30 runs, the 4 x RUNS = 8 runs here catch a return with
-# probability 1 - (29/30)^8 = 24 %): the soak that measures it is
-# `python scripts/exit_soak.py --runs 50 all`, run by hand. Here every wrapper's job runs
-# twice, a tripwire that also proves each one ends cleanly at all; what decides it
-# deterministically is checked in tests/test_gloo_exit.py: an armed rank never finalizes
-# the interpreter (where a Gloo thread is killed), and it keeps Python's exit status.
+# that: the soak that measures it is `python scripts/exit_soak.py --runs 50 all`, run by
+# hand. Here one job holding every wrapper at once (tests/jobs/wrapper_exit.py `all`:
+# each wrapper's model and optimizer still alive at exit, so a wrapper that hangs or
+# aborts the exit fails the run) runs twice, a tripwire that also proves they end cleanly
+# at all (at one failure in 30 exits per wrapper, failing independently, the 2 x 4
+# wrapper exits catch a return with probability 1 - (29/30)^8 = 24 %, as 8 launches of
+# one wrapper each did, for a quarter of their cost: each launch is three processes
+# importing torch). What decides it deterministically is checked in
+# tests/test_gloo_exit.py: an armed rank never finalizes the interpreter (where a Gloo
+# thread is killed), and it keeps Python's exit status.
 RUNS = 2
 
 
@@ -56,17 +60,17 @@ def job(
 
 @pytest.mark.launcher
 @pytest.mark.slow
-@pytest.mark.parametrize("wrapper", WRAPPERS)
-def test_every_wrapper_exits_cleanly(wrapper):
-    """RUNS runs of 2 ranks, each wrapper holding the default group past shutdown();
+def test_every_wrapper_exits_cleanly():
+    """RUNS runs of 2 ranks, every wrapper holding the default group past shutdown();
     a run that hangs ends at the launch timeout, and fails too (see RUNS)."""
     bad = []
     for i in range(RUNS):
-        result = job(wrapper)
+        result = job("all")
         if not exited_cleanly(result):
             bad.append(f"run {i + 1}: status {result.returncode}\n{result.output[-800:]}")
-        assert f"{wrapper}: 2 ranks" in result.output  # the job did its work
-    assert not bad, f"{len(bad)} of {RUNS} {wrapper} runs did not exit cleanly:\n" + "\n".join(bad)
+        for wrapper in WRAPPERS:  # each wrapper did its work in the run
+            assert f"{wrapper}: 2 ranks" in result.output, (wrapper, result.output[-800:])
+    assert not bad, f"{len(bad)} of {RUNS} runs did not exit cleanly:\n" + "\n".join(bad)
 
 
 @pytest.mark.launcher

@@ -79,7 +79,15 @@ GIT = (
     "works on the student's own clone and the course's remote; tests/test_setup_files.py "
     "pulls with it in a clone it makes"
 )
-BENCH = "times the labs for minutes by design; tests/test_benchmarks.py runs `--quick` end to end"
+BENCH = (
+    "times the labs for minutes by design; tests/test_benchmarks.py runs `--quick` from the "
+    "root (the harness's own benchmarks) and checks that each other one reads what its lab "
+    "script emits"
+)
+BENCH_LIST = (
+    "tests/test_benchmarks.py runs it (main(['--list']) in its process, and "
+    "`python -m benchmarks --quick` from the root): starting Python for it here proves no more"
+)
 SLURM_CLUSTER = "submits to a Slurm cluster of 2 nodes x 4 GPUs (the sbatch file's default form)"
 SLURM_RUN_THERE = (
     "submits to a Slurm cluster; tests/test_slurm.py runs this very command on the "
@@ -162,6 +170,7 @@ NOT_RUN = {
     ".venv/bin/python -m benchmarks --only lab6_ddp": BENCH,
     # Benchmarks
     "make bench": BENCH,
+    "python -m benchmarks --list": BENCH_LIST,
     "python -m benchmarks --quick": BENCH,
     "python -m benchmarks --only loader --only trainer --json results.json": BENCH,
     "python -m benchmarks --repeats 5": BENCH,

@@ -1,11 +1,13 @@
-"""Test job: a few steps of one distributed wrapper, then ``dist.shutdown()`` and exit.
+"""Test job: a few steps under a distributed wrapper (or each), ``dist.shutdown()``, exit.
 
-    torchrun --nproc-per-node 2 wrapper_exit.py ddp|zero|fsdp|dtensor [--exit N|--raise|--abort]
+    torchrun --nproc-per-node 2 wrapper_exit.py ddp|zero|fsdp|dtensor|all [--exit N|--raise|--abort]
 
 Each rank ends its part with a tensor just all-reduced and dropped, as a training
 script does; the process must then end with status 0 (or the one asked for) and never
-with SIGABRT. ``--raise`` fails after the job's work, ``--exit N`` calls ``sys.exit(N)``,
-``--abort`` dies as a process did when Gloo aborted it at exit.
+with SIGABRT. ``all`` trains one model under each wrapper in turn, every one of them
+still holding the default group when the process exits (one launch for the four).
+``--raise`` fails after the job's work, ``--exit N`` calls ``sys.exit(N)``, ``--abort``
+dies as a process did when Gloo aborted it at exit.
 """
 
 import argparse
@@ -23,6 +25,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from lab_utils import dist, gloo_exit
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+
+
+WRAPPERS = ["ddp", "zero", "fsdp", "dtensor"]
 
 
 def wrap(kind: str, model: torch.nn.Sequential) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -43,7 +48,7 @@ def wrap(kind: str, model: torch.nn.Sequential) -> tuple[torch.nn.Module, torch.
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("wrapper", choices=["ddp", "zero", "fsdp", "dtensor"])
+    p.add_argument("wrapper", choices=[*WRAPPERS, "all"])
     p.add_argument("--exit", type=int, default=None)
     p.add_argument("--raise", dest="fail", action="store_true")
     p.add_argument("--abort", action="store_true")
@@ -51,16 +56,19 @@ def main() -> None:
     gloo_exit.arm()  # no abort or hang at exit under Gloo, as the course's scripts do
     info = dist.init()
     torch.manual_seed(0)
-    model, opt = wrap(
-        args.wrapper,
-        torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)),
-    )
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(8, 16)).square().mean().backward()
-        opt.step()
-    loss = dist.average(float(model(torch.randn(8, 16)).square().mean()))
-    dist.print0(f"{args.wrapper}: {info.world_size} ranks, loss {loss:.4f}")
+    kept = []  # every wrapper's model and optimizer stay alive until the process exits
+    for kind in WRAPPERS if args.wrapper == "all" else [args.wrapper]:
+        model, opt = wrap(
+            kind,
+            torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)),
+        )
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(8, 16)).square().mean().backward()
+            opt.step()
+        loss = dist.average(float(model(torch.randn(8, 16)).square().mean()))
+        dist.print0(f"{kind}: {info.world_size} ranks, loss {loss:.4f}")
+        kept.append((model, opt))
     dist.shutdown()
     if args.fail:
         raise RuntimeError(f"rank {info.rank} failed after its work")
