@@ -101,3 +101,44 @@ def test_the_rule_against_torch_itself():
             assert (compression.powersgd_split(shape, rank) is not None) == _should_compress(
                 n, m, r, 2
             )[0], (shape, rank)
+
+
+# ------------------------------------------------------ notebook 2's exercise: a hook
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import lab7_checks as checks  # noqa: E402
+import lab7_solutions as solutions  # noqa: E402
+from lab_utils.checks import CheckFailed  # noqa: E402
+
+
+def hook_of(dtype, divide=True, decompress=True):
+    def hook(process_group, bucket):
+        buffer = bucket.buffer()
+        sent = buffer.to(dtype)
+        if divide:
+            sent = sent.div_(process_group.size())
+        future = dist.all_reduce(sent, group=process_group, async_op=True).get_future()
+        if not decompress:
+            return future.then(lambda f: f.value()[0])
+        return future.then(lambda f: buffer.copy_(f.value()[0]))
+
+    return hook
+
+
+def test_the_reference_hook_passes_within_bfloat16s_error():
+    assert checks.check_bf16_hook(solutions.bf16_hook) <= 1.0
+
+
+@pytest.mark.parametrize(
+    "mistake, hook, named",
+    [
+        ("no compression", hook_of(torch.float32), "bfloat16"),
+        ("float16", hook_of(torch.float16), "bfloat16"),
+        ("the sum, not the average", hook_of(torch.bfloat16, divide=False), "divide"),
+        ("returned in bfloat16", hook_of(torch.bfloat16, decompress=False), "float32"),
+    ],
+)
+def test_the_hook_check_names_the_mistake(mistake, hook, named):
+    with pytest.raises(CheckFailed, match=named):
+        checks.check_bf16_hook(hook)

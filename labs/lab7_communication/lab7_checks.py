@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from lab_utils.checks import fail, passed, spread, that
 from lab_utils.exercises import reference
@@ -234,3 +236,95 @@ def check_steps_bound(
         hint="the ranks' traffic must cross the shaped link; see the byte counts above",
     )
     return max(b for _, _, b in rows)
+
+
+# ----------------------------------------------------------------- notebook 2: a hook
+class _Bucket:
+    """What a hook reads of DDP's bucket here: its flat float32 buffer."""
+
+    def __init__(self, buffer: torch.Tensor) -> None:
+        self._buffer = buffer
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+
+class _Group:
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def size(self) -> int:
+        return self._size
+
+
+class _Work:
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._future.set_result([tensor])
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
+def _run_hook_as_two_ranks(hook: Callable, grads: list[torch.Tensor]) -> tuple:
+    """Run ``hook`` as rank 1 then rank 0 of a two-rank group, in this process: rank 1's
+    all-reduce keeps what it sent, rank 0's adds it to its own (in the dtype sent, as
+    Gloo and NCCL sum). Returns (rank 0's result, the dtypes sent)."""
+    sent: list[torch.Tensor] = []
+    real = dist.all_reduce
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        if sent:  # rank 0: the sum of both ranks' tensors, in place, as a collective does
+            tensor.add_(sent[0])
+        sent.append(tensor.clone())
+        return _Work(tensor)
+
+    dist.all_reduce = all_reduce
+    try:
+        hook(_Group(2), _Bucket(grads[1].clone())).wait()  # rank 1 sends first
+        out = hook(_Group(2), _Bucket(grads[0].clone())).wait()  # rank 0 gets the sum
+    finally:
+        dist.all_reduce = real
+    return out, [t.dtype for t in sent]
+
+
+def check_bf16_hook(hook: Callable, seed: int = 0) -> float:
+    """The student's hook against the uncompressed average of two ranks' gradients: sent
+    in bfloat16, returned in float32, within what bfloat16 allows. Each rank's share is
+    rounded once (relative error at most 2⁻⁸) and the sum once more, so the result is
+    within 2⁻⁷·(|g₀| + |g₁|)/2 of the average (1 % more for the sum's own rounding);
+    returns the largest error in units of that bound."""
+    gen = torch.Generator().manual_seed(seed)
+    # gradients spread over six decades, as a bucket's are
+    scale = 10.0 ** torch.randint(-3, 3, (2, 1000), generator=gen).float()
+    grads = list(torch.randn(2, 1000, generator=gen) * scale)
+    out, dtypes = _run_hook_as_two_ranks(hook, grads)
+    that(
+        dtypes == [torch.bfloat16, torch.bfloat16],
+        what="the hook all-reduces bfloat16 (2 bytes an element)",
+        detail=f"it sent {', '.join(map(str, dtypes))}",
+        hint="cast the bucket's buffer with .to(torch.bfloat16) before dist.all_reduce",
+    )
+    that(
+        isinstance(out, torch.Tensor) and out.dtype == torch.float32,
+        what="the hook returns the bucket's gradients in float32",
+        detail=f"it returned {getattr(out, 'dtype', type(out).__name__)}",
+        hint="decompress: copy the summed bfloat16 tensor back into bucket.buffer() and return it",
+    )
+    mean = (grads[0] + grads[1]) / 2
+    bound = 2**-7 * 1.01 * (grads[0].abs() + grads[1].abs()) / 2
+    worst = float(((out - mean).abs() / bound).max())
+    if worst > 1.0 and torch.allclose(out, 2 * mean, rtol=2**-6):
+        fail("the hook returns the average", "it returns the sum", "divide by the group's size")
+    that(
+        worst <= 1.0,
+        what="the hook's result = the average of both ranks' gradients within bfloat16's error",
+        detail=f"largest error {worst:.2f} of the bound 2⁻⁷·(|g₀| + |g₁|)/2",
+        hint="divide by the group's size, round to bfloat16 once, all-reduce, copy back",
+    )
+    that(
+        not torch.equal(out, mean),
+        what="the result carries bfloat16's rounding (it was compressed)",
+        hint="the values must travel in bfloat16, not float32",
+    )
+    return worst
