@@ -200,6 +200,7 @@ JOBS = {
     "predicted_bytes": Job(LAB6 / "predicted_bytes.py", ("--strategies", "ddp", "pp")),
     "allreduce_sweep": Job(LAB7 / "allreduce_sweep.py", ("--sizes-kb", "4", "--repeats", "1")),
     "compressed_ddp": Job(LAB7 / "compressed_ddp.py", (*TRANSFORMER, "--hooks", "powersgd")),
+    "local_sgd": Job(LAB7 / "local_sgd.py", (*TRANSFORMER, "--periods", "2")),
     "reference_ddp": Job(
         REPO / "assessment" / "solutions" / "reference_ddp.py",
         ("--dataset", "synthetic-cifar10", "--epochs", "1"),

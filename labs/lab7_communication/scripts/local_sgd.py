@@ -1,0 +1,128 @@
+"""Local SGD against DDP: each rank takes H steps on its own, then the models are averaged.
+
+The character transformer (Labs 4 and 6), plain SGD (no momentum), the same initial
+weights and the same global batches, trained
+
+- by DDP (every step all-reduces the gradients: DDP's all-reduce made from Python,
+  ``default_hooks.allreduce_hook``, so that it can be counted), and
+- for each H in --periods, by local SGD with PyTorch's own pieces:
+  ``PostLocalSGDOptimizer(SGD, PeriodicModelAverager(period=H, warmup_steps=H - 1))``
+  on the bare model. The averager counts its calls from 0 and averages when
+  ``step >= warmup_steps and (step - warmup_steps) % period == 0``
+  (torch/distributed/algorithms/model_averaging/averagers.py lines 121–128 in torch
+  2.13): with ``warmup_steps=0`` it would average after steps 1, H + 1, 2H + 1 …, so
+  "every H steps" needs ``warmup_steps=H - 1``.
+
+Every ``torch.distributed`` all-reduce is counted per step (``lab_utils.traffic``). With
+H = 1 and plain SGD, local SGD is DDP: averaging θ − lr·gᵢ over the ranks is θ − lr·mean(gᵢ).
+
+    torchrun --standalone --nproc-per-node 2 scripts/local_sgd.py --periods 1 4 16
+    python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone --nproc-per-node 2 scripts/local_sgd.py
+
+Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
+    model: procs, numel, param_bytes, steps, lr
+    run: method, period, bytes_by_step, losses, seconds (one per method: ddp, then
+        local for each period)
+    agreement: period, max_abs_diff, max_abs_weight (the final weights of local SGD
+        against DDP's, for each period)
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.optim import PostLocalSGDOptimizer
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from lab_utils import dist as labdist
+from lab_utils import gloo_exit, metrics, parallel, profile, traffic
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = profile.script_parser(__doc__.splitlines()[0])
+    parallel.add_model_args(p)
+    p.set_defaults(lr=0.5)  # plain SGD: a larger step than Adam's default
+    p.add_argument("--periods", nargs="+", type=int, default=[1, 4], help="the H of local SGD")
+    return p.parse_args(argv)
+
+
+def train(method: str, period: int, args, batches: list, device) -> tuple[dict, dict]:
+    """One run: losses, all-reduce bytes and seconds of each step, and the final weights."""
+    model = parallel.build_model(args).to(device)
+    if method == "ddp":
+        net = DDP(model)
+        net.register_comm_hook(None, default_hooks.allreduce_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    else:
+        net = model
+        averager = PeriodicModelAverager(period=period, warmup_steps=period - 1)
+        opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr), averager)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    losses, sent, seconds = [], [], []
+    for x, y in batches:
+        share = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
+        start = time.perf_counter()
+        with traffic.count() as seen:
+            opt.zero_grad()
+            loss = parallel.lm_loss(net(x[share]), y[share])
+            loss.backward()
+            opt.step()
+        seconds.append(time.perf_counter() - start)
+        sent.append(seen.get("all_reduce", 0))
+        losses.append(labdist.average(loss.item()))
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    run = {
+        "event": "run",
+        "method": method,
+        "period": period,
+        "bytes_by_step": sent,
+        "losses": losses,
+        "seconds": seconds,
+    }
+    return run, weights
+
+
+def main() -> None:
+    args = parse_args()
+    # [1] Gloo's threads can abort or hang a rank at exit: lab_utils/gloo_exit.py says why
+    gloo_exit.arm()
+    info = labdist.init(group_if_alone=True)
+    data = parallel.corpus(args)
+    batches = [
+        tuple(t.to(info.device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
+        for s in range(args.steps)
+    ]
+    numel = sum(p.numel() for p in parallel.build_model(args).parameters())
+    metrics.emit(
+        {
+            "event": "model",
+            "procs": info.world_size,
+            "numel": numel,
+            "param_bytes": 4 * numel,
+            "steps": args.steps,
+            "lr": args.lr,
+        }
+    )
+    ddp_run, ddp_weights = train("ddp", 1, args, batches, info.device)
+    metrics.emit(ddp_run)
+    for period in args.periods:
+        run, weights = train("local", period, args, batches, info.device)
+        metrics.emit(run)
+        diff = max(float((weights[k] - ddp_weights[k]).abs().max()) for k in weights)
+        scale = max(float(w.abs().max()) for w in ddp_weights.values())
+        metrics.emit(
+            {"event": "agreement", "period": period, "max_abs_diff": diff, "max_abs_weight": scale}
+        )
+        labdist.print0(
+            f"local H={period:<3d} bytes {sum(run['bytes_by_step']):,} in {args.steps} steps "
+            f"(DDP {sum(ddp_run['bytes_by_step']):,}); loss {run['losses'][-1]:.4f} "
+            f"(DDP {ddp_run['losses'][-1]:.4f}); weights differ from DDP's by {diff:.2e}"
+        )
+    labdist.shutdown()
+
+
+if __name__ == "__main__":
+    main()
