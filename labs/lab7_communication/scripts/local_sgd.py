@@ -75,7 +75,6 @@ def train(method: str, period: int, args, batches: list, device) -> tuple[dict, 
         losses.append(labdist.average(loss.item()))
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     run = {
-        "event": "run",
         "method": method,
         "period": period,
         "bytes_by_step": sent,
@@ -107,10 +106,10 @@ def main() -> None:
         }
     )
     ddp_run, ddp_weights = train("ddp", 1, args, batches, info.device)
-    metrics.emit(ddp_run)
+    metrics.emit({"event": "run", **ddp_run})
     for period in args.periods:
         run, weights = train("local", period, args, batches, info.device)
-        metrics.emit(run)
+        metrics.emit({"event": "run", **run})
         diff = max(float((weights[k] - ddp_weights[k]).abs().max()) for k in weights)
         scale = max(float(w.abs().max()) for w in ddp_weights.values())
         metrics.emit(
