@@ -3,7 +3,7 @@ and ``tp`` benchmarks (one module each, so each can be run with ``--only``)."""
 
 from __future__ import annotations
 
-from lab_utils import launch
+from lab_utils import launch, parallel
 
 from .common import REPO_ROOT, Skip
 
@@ -27,15 +27,9 @@ def model_args(quick: bool) -> list[str]:
             "--n-chars",
             "20000",
         ]
+    # the cpu profile's model (parallel.MODEL), with a benchmark's own steps and corpus
     return [
-        "--d-model",
-        "128",
-        "--layers",
-        "4",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "32",
+        *parallel.MODEL.args("d_model", "layers", "seq_len", "batch_size", profile="cpu"),
         "--steps",
         "5",
         "--n-chars",

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import statistics
 
+from lab_utils import parallel
+
 from .common import Report, Settings
 from .lab4_model_parallel import launched, model_args
 
@@ -25,8 +27,7 @@ def ring_attention(settings: Settings, report: Report) -> tuple[list[str], dict]
     """``context_parallel.py``'s one process / ring attention row: (its args, its record)."""
     seq = ["64"] if settings.quick else ["1024"]
     cp_args = [
-        "--d-model",
-        "64" if settings.quick else "128",
+        *parallel.MODEL.args("d_model", profile="quick" if settings.quick else "cpu"),
         "--seq-len",
         seq[0],
         "--seq-lens",

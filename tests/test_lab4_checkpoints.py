@@ -6,14 +6,12 @@ is detected; the whole model is rebuilt by lab_utils.models.load; a process coun
 not fit stops cleanly."""
 
 import copy
-import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import REPO, tiny_transformer
+from conftest import REPO, script_stop, tiny_transformer
 from torch.distributed.checkpoint.api import CheckpointException
 
 import lab4_checks as checks
@@ -202,29 +200,19 @@ def test_a_save_killed_before_metadata_is_detected(tmp_path):
 
 def test_process_count_that_does_not_fit_stops_cleanly(tmp_path, monkeypatch, capsys):
     """As rank 0 of 3 (torchrun's environment): the script stops with status 2 before
-    it joins any process group. It runs in this process (no second start of torch): a
-    group joined would raise, and there is no torchrun agent whose workers to wait for."""
-    script = load_script(SCRIPT)
-    torchrun = {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"}
-    for name, value in {**torchrun, "LABS_PROFILE": "quick"}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setattr(script.parallel, "_wait_for_the_other_workers", lambda: None)
-    monkeypatch.setattr(script.labdist, "init", lambda **kw: pytest.fail("a group was joined"))
-    argv = [*TINY, "--save", str(tmp_path / "c"), "--reference", str(tmp_path / "r.pt")]
-    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *argv])
-    with pytest.raises(SystemExit) as stop:
-        script.main()
-    assert stop.value.code == 2
+    it joins any process group."""
+    argv = [*TINY, "--save", tmp_path / "c", "--reference", tmp_path / "r.pt"]
+    assert script_stop(monkeypatch, SCRIPT, argv, world_size=3) == 2
     assert "error: the global batch 8 cannot be split over 3" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()
 
 
-def test_help_names_both_modes():
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"],
-        capture_output=True,
-        text=True,
-        env={"LABS_PROFILE": "quick", "PATH": ""},
-        check=True,
-    ).stdout
-    assert "--save DIR" in out and "--load DIR" in out and "'quick' profile" in out
+def test_help_names_both_modes(monkeypatch, capsys):
+    monkeypatch.setenv("LABS_PROFILE", "quick")
+    with pytest.raises(SystemExit) as stop:
+        load_script(SCRIPT).parse_args(["--help"])
+    out = capsys.readouterr().out
+    assert stop.value.code == 0
+    assert (
+        "--save DIR" in out and "--load DIR" in out and "'quick' profile" in " ".join(out.split())
+    )

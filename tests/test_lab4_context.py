@@ -8,14 +8,11 @@ and bytes against tensor parallelism.
 
 import inspect
 import io
-import os
-import subprocess
-import sys
 from contextlib import redirect_stdout
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import REPO, script_stop
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -200,12 +197,6 @@ def test_help_shows_the_profiles_defaults(monkeypatch):
     assert "'quick' profile" in out.getvalue() and "--seq-lens" in out.getvalue()
 
 
-def test_one_process_is_a_clean_error():
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "LABS_PROFILE": "quick"},
-    )
-    assert result.returncode == 2 and "at least 2 processes" in result.stderr
+def test_one_process_is_a_clean_error(monkeypatch, capsys):
+    assert script_stop(monkeypatch, SCRIPT, TINY) == 2
+    assert "at least 2 processes" in capsys.readouterr().err

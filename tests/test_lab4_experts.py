@@ -4,17 +4,16 @@ processes: equal to one process, all-to-all bytes against the formula (a wrong c
 the check), the checkpoint rebuilt, a process count that does not fit, --help."""
 
 import copy
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import REPO, tiny_transformer
+from conftest import REPO, script_stop, tiny_transformer
 
 import lab4_checks as checks
 import lab4_solutions as solutions
 from lab_utils import launch, models, moe
 from lab_utils.checks import CheckFailed
+from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "experts.py"
 TINY = tiny_transformer(steps=2)
@@ -130,39 +129,18 @@ def test_checkpoint_rebuilds_the_trained_model(four):
     assert len(model.layers[1].moe.experts) == 4
 
 
-def as_rank0_of(n: int) -> dict:
-    """The environment torchrun gives rank 0 of n: the script decides from it alone, before
-    any process group exists (test_lab4.py runs that path under torchrun itself)."""
-    return {
-        "LABS_PROFILE": "quick",
-        "PATH": "",
-        "RANK": "0",
-        "WORLD_SIZE": str(n),
-        "LOCAL_RANK": "0",
-        "LOCAL_WORLD_SIZE": str(n),
-    }
+def test_process_count_that_does_not_fit_stops_cleanly(monkeypatch, capsys):
+    # as rank 0 of 3 under torchrun, before any process group (test_lab4.py runs that
+    # path under torchrun itself)
+    argv = [*TINY, "--experts", "4"]
+    assert script_stop(monkeypatch, SCRIPT, argv, world_size=3) == 2
+    assert "error: --experts 4 cannot be spread over 3 processes" in capsys.readouterr().err
 
 
-def test_process_count_that_does_not_fit_stops_cleanly():
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY, "--experts", "4"],
-        capture_output=True,
-        text=True,
-        env=as_rank0_of(3),
-        timeout=120,
-    )
-    assert (
-        done.returncode == 2
-        and "error: --experts 4 cannot be spread over 3 processes" in done.stderr
-    )
-
-
-def test_help_shows_the_profile_defaults():
-    out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--help"],
-        capture_output=True,
-        text=True,
-        env={"LABS_PROFILE": "quick", "PATH": ""},
-        check=True,
-    ).stdout
+def test_help_shows_the_profile_defaults(monkeypatch, capsys):
+    monkeypatch.setenv("LABS_PROFILE", "quick")
+    with pytest.raises(SystemExit) as stop:
+        load_script(SCRIPT).parse_args(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert stop.value.code == 0
     assert "--capacity-factor" in out and "'quick' profile" in out

@@ -9,14 +9,11 @@ under torchrun.
 
 import inspect
 import io
-import os
-import subprocess
-import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from conftest import REPO, tiny_transformer
+from conftest import REPO, script_stop, tiny_transformer
 from torch.distributed import pipelining as pp
 
 import lab4_checks as checks
@@ -378,12 +375,6 @@ def test_stage_placement():
     assert mod.stage_ids("zbv", 1, 4, 2) == [1, 6]
 
 
-def test_one_process_is_a_clean_error():
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "LABS_PROFILE": "quick"},
-    )
-    assert result.returncode == 2 and "at least 2 processes" in result.stderr
+def test_one_process_is_a_clean_error(monkeypatch, capsys):
+    assert script_stop(monkeypatch, SCRIPT, TINY) == 2
+    assert "at least 2 processes" in capsys.readouterr().err

@@ -171,15 +171,42 @@ FAKE = textwrap.dedent("""
 """)
 
 
+IN_ONE_PROCESS = textwrap.dedent("""
+    import contextlib, io, json, sys
+    import torch.distributed as dist
+    every = []
+    for source, argv in json.loads(sys.argv[1]):  # each on a fresh fake group of its own
+        sys.argv = ["-c", *argv]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(source, {"__name__": "__main__"})
+        dist.destroy_process_group()
+        every.append(json.loads(printed.getvalue().strip().splitlines()[-1]))
+    print(json.dumps(every))
+""")
+SP_SIZES = {n: (n, 2, 16, 32, 4) for n in (2, 4)}  # n, b, s, d, heads
+
+
 @pytest.fixture(scope="module")
-def fake_measured():
-    """FSDP2 and DTensor on rank 0 of a fake 4-rank group: the real wrappers allocate the
-    real shards; the collectives move nothing (only the bytes held are used here)."""
+def fake_runs() -> list[dict]:
+    """FAKE, then FAKE_SP at 2 and at 4 ranks, in one process: one start of torch."""
+    jobs = [(FAKE, []), *((FAKE_SP, list(map(str, SP_SIZES[n]))) for n in (2, 4))]
     done = subprocess.run(
-        [sys.executable, "-c", FAKE], capture_output=True, text=True, cwd=REPO, timeout=120
+        [sys.executable, "-c", IN_ONE_PROCESS, json.dumps(jobs)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def fake_measured(fake_runs):
+    """FSDP2 and DTensor on rank 0 of a fake 4-rank group: the real wrappers allocate the
+    real shards; the collectives move nothing (only the bytes held are used here)."""
+    return fake_runs[0]
 
 
 def rows(plan, measured):
@@ -355,20 +382,12 @@ FAKE_SP = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module", params=[2, 4])
-def sp_measured(request):
+def sp_measured(request, fake_runs):
     """Rank 0 of a fake n-rank group runs Lab 4.7's tensor- and sequence-parallel block:
     the real DTensor layouts allocate and save the real shards (values are not moved)."""
-    n, b, s, d, heads = request.param, 2, 16, 32, 4
-    done = subprocess.run(
-        [sys.executable, "-c", FAKE_SP, *map(str, (n, b, s, d, heads))],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    n, b, s, d, heads = SP_SIZES[request.param]
     cfg = planner.Config(vocab=text.VOCAB, d_model=d, n_layers=1, n_heads=heads, seq_len=s)
-    return n, b, cfg, json.loads(done.stdout.strip().splitlines()[-1])
+    return n, b, cfg, fake_runs[1 + (2, 4).index(n)]
 
 
 def test_tensor_and_torch_sequence_parallel_activations_are_exact(sp_measured):

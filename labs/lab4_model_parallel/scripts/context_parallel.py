@@ -48,40 +48,41 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from lab_utils import dist as labdist
-from lab_utils import gloo_exit, memory, metrics, models, parallel, profile
+from lab_utils import gloo_exit, memory, metrics, models, parallel, paths, profile
 from lab_utils import ring_attention as ring
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    P = profile.current()
+    m = parallel.MODEL.of()
+    S = paths.lab_module("lab4", "settings").CONTEXT.of()  # notebook 7's sizes
     p = profile.script_parser(__doc__.splitlines()[0])
     p.add_argument(
         "--d-model",
         type=int,
-        default=P.pick(quick=64, cpu=128, gpu=512),
+        default=m.d_model,
         help="width d of the block (part 1) and heads × head width (part 2)",
     )
-    p.add_argument("--heads", type=int, default=4, help="attention heads")
+    p.add_argument("--heads", type=int, default=m.heads, help="attention heads")
     p.add_argument("--batch-size", type=int, default=2, help="sequences")
     p.add_argument(
         "--seq-len",
         type=int,
-        default=P.pick(quick=64, cpu=256, gpu=1024),
+        default=S.seq_len,
         help="sequence length of part 1 and of the equivalence check of part 2",
     )
     p.add_argument(
         "--seq-lens",
         nargs="+",
         type=int,
-        default=P.pick(quick=[64, 128], cpu=[256, 512, 1024], gpu=[1024, 2048, 4096]),
+        default=S.seq_lens,
         help="sequence lengths at which part 2 measures activation bytes per rank",
     )
     p.add_argument(
         "--repeats",
         type=int,
-        default=P.pick(quick=2, cpu=5, gpu=5),
+        default=S.repeats,
         help="timed (one process, ring) pairs, in the order A B B A ...",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs and weights")
