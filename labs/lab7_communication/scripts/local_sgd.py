@@ -29,6 +29,7 @@ Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
 
 import argparse
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
 from lab_utils import gloo_exit, metrics, parallel, profile, traffic
+
+# H = 1 on purpose: it is the check that local SGD is DDP (torch warns that DDP is cheaper)
+warnings.filterwarnings("ignore", message="When period is 1, no need to use model averaging")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
