@@ -569,12 +569,23 @@ PROCESS_CASES = [
 def test_bad_process_behaviour_gets_a_verdict(
     name: str, target: Path, why: str, words: str, launcher: str
 ) -> None:
-    r = run(fixture(name), launcher, target)
+    t = targets.load(target)
+    r = run(fixture(name), launcher, t)
+    if why == "timeout" and "too slow" in r.message:
+        # A hang is told from a slow job by the CPU its processes used in the seconds
+        # before the stop. On a loaded machine the job may still be starting then
+        # (the launcher and the ranks import torch), and "still computing" is the
+        # right verdict on what the grader saw: the case's premise, a job settled in
+        # its hang, was not met. Graded again with four times the deadline, where it
+        # is, it must be called a hang.
+        assert (r.reason, r.timed_out) == ("timeout", True), r.text()
+        t = dataclasses.replace(t, budget_s=4 * t.budget_s, grace_s=4 * t.grace_s)
+        r = run(fixture(name), launcher, t)
     assert (r.reason, r.exit_code) == (why, 1 if why == "timeout" else 2), r.text()
     assert words in r.message
     assert r.accuracy is None
     if why == "timeout":
-        assert r.timed_out and r.elapsed_s >= targets.load(target).deadline_s
+        assert r.timed_out and r.elapsed_s >= t.deadline_s
     if name == "crash_one_rank":
         assert "[rank 1]" in r.message  # the rank that failed first, not the one left waiting
 
@@ -614,9 +625,9 @@ def test_pickled_code_is_refused_and_never_runs(
     try:
         assert (r.reason, r.exit_code) == ("unsafe_checkpoint", 2), r.text()
         assert "weights_only" in r.message and not marker.exists()
-        # The control: the same file does run its code when loaded unsafely.
-        unsafe = f"import torch; torch.load({str(Path(r.workdir) / 'checkpoint.pt')!r}, weights_only=False)"
-        subprocess.run([sys.executable, "-c", unsafe], check=True, timeout=60)
+        # The control: the same file does run its code when loaded unsafely (here, not
+        # in a second process: its code only touches the marker).
+        torch.load(Path(r.workdir) / "checkpoint.pt", weights_only=False)
         assert marker.exists()
     finally:
         shutil.rmtree(Path(r.workdir).parent, ignore_errors=True)
@@ -641,9 +652,13 @@ def test_over_budget_is_a_fail_even_with_a_valid_checkpoint() -> None:
 # So the budgets below leave noise no say: a reference gets four times the real
 # budget (conftest.ROOM_FOR_REFERENCES) and must still reach the real accuracy with
 # every test image; the starter gets under a third of its time on an idle machine and
-# must be stopped as too slow. The references are graded once per session
-# (conftest.graded_reference): test_grader_data_parallel.py reads the same gradings.
-STARTER_BUDGET_S = {"cpu-2proc": 25.0, "cpu-cifar-standin": 10.0}  # idle: 87 s and 38 s
+# must be stopped as too slow. On the CIFAR-10 stand-in each reference trains one
+# epoch, not two: that passes the stand-in's accuracy already (conftest.ONE_EPOCH).
+# The references are graded once per session (conftest.graded_reference):
+# test_grader_data_parallel.py reads the same gradings.
+# Idle, the starter takes 87 s and 38 s; by 10 s it is computing (the verdict is told
+# by its CPU use), and every second more costs two busy cores of the suite's time.
+STARTER_BUDGET_S = {"cpu-2proc": 10.0, "cpu-cifar-standin": 10.0}
 
 REFERENCES = [
     ("reference_ddp.py", "torchrun"),

@@ -23,7 +23,7 @@ import psutil
 import pytest
 from conftest import sandbox_or_skip
 
-from assessment import batch, grade, integrity, jail, sandbox, targets
+from assessment import batch, grade, integrity, jail, participation, sandbox, targets
 from lab_utils import data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -169,6 +169,21 @@ def test_a_class_of_good_bad_and_hostile_submissions(
     )
     assert all(r["sent_mb"] > 0 for r in reports["good_linear"]["ranks"])
     assert [r["rank"] for r in reports["good_linear"]["ranks"]] == [0, 1]
+    # The evidence of both, read here for tests/test_grader_data_parallel.py (the same
+    # jobs: grading them again there would cost two more launches). The honest job: every
+    # rank moved at least the gradients' bytes, all of them on the job's own loopback.
+    good = reports["good_linear"]
+    assert not any("could not be checked" in w for w in good["warnings"]), good["warnings"]
+    need_mb = participation.minimum_bytes(good["checkpoint"]["parameters"]) / 2**20
+    for row in good["ranks"]:
+        assert min(row["sent_mb"], row["received_mb"]) >= need_mb, good["ranks"]
+    assert good["environment"]["namespace_lo_mb"] >= sum(row["sent_mb"] for row in good["ranks"])
+    # The lone rank (rank 1 exits at once): it met the target, only the evidence fails
+    # it, and the verdict is said once, not again as a warning.
+    lone_rank = reports["lone_rank"]
+    assert lone_rank["accuracy"] >= targets.load(TARGET).accuracy
+    assert [row["sent_mb"] for row in lone_rank["ranks"]] == [0.0, 0.0]
+    assert not any(w.startswith("not data-parallel") for w in lone_rank["warnings"])
 
     # The table on disk, and a resumed batch grades only what is missing.
     with open(out / "results.csv", newline="") as f:
