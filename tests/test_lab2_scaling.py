@@ -6,17 +6,22 @@ The runs are the student's own command, ``torchrun --nproc-per-node N train_ddp.
 the profile's defaults, on real Fashion-MNIST. The scripts used to take √N × the rate,
 capped at the one-process rate: no scaling at all. The last test runs that rule on 8
 processes and shows the check failing for it.
+
+These runs are also the DDP script's exit tripwire under torchrun at 1, 2, 4 and 8
+processes (tests/test_lab2.py runs the odd count): every rank of each exits cleanly.
 """
 
 import pytest
 from conftest import REPO
 
 import lab2_checks as checks
+import lab2_settings
 from lab_utils import data, launch
 from lab_utils.checks import CheckFailed
 
 SCRIPT = REPO / "labs" / "lab2_data_parallel" / "scripts" / "train_ddp.py"
-PROCESSES = (1, 2, 4, 8)
+PROFILE = "cpu"
+PROCESSES = tuple(lab2_settings.SCALING.of(PROFILE).acc_procs)  # notebook 4's runs: 1, 2, 4, 8
 
 
 def train(nprocs: int, *args: str) -> dict:
@@ -25,10 +30,12 @@ def train(nprocs: int, *args: str) -> dict:
         list(args),
         nprocs=nprocs,
         launcher="torchrun",
-        env={"LABS_PROFILE": "cpu"},
+        env={"LABS_PROFILE": PROFILE},
         timeout=1500,
         echo=False,
     ).check()
+    # Gloo used to abort a rank at exit ("terminate called ..."): tests/test_lab2.py
+    assert "terminate called" not in result.output, result.output[-800:]
     (summary,) = [m for m in result.metrics if m.get("event") == "summary"]
     assert summary["world_size"] == nprocs
     return summary

@@ -2,7 +2,7 @@
 
 train_serial.py, train_ddp.py and train_horovod.py parse the same options here, so
 their diffs show only what data parallelism changes. Defaults follow the run
-profile (``LABS_PROFILE=quick|cpu|gpu``).
+profile (``LABS_PROFILE=quick|cpu|gpu``): ``TRAIN`` in ``lab2_settings.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from lab_utils import data, metrics, models, profile
+from lab_utils import data, metrics, models, paths, profile
 
 # The rule every data-parallel script follows (Lab 3): N processes take N × the peak rate
 # of one (linear scaling), reached by a linear warm-up from the one-process rate over
@@ -26,28 +26,17 @@ WARMUP_EPOCHS = 0.5
 
 
 def defaults() -> dict[str, Any]:
-    """The run's sizes and peak learning rate of one process, by profile (also the defaults
-    of train_horovod_spark.py, which takes its own options)."""
-    P = profile.current()
-    return {
-        "epochs": P.pick(quick=1, cpu=2, gpu=10),
-        "batch_size": P.pick(quick=32, cpu=16, gpu=256),
-        "lr": P.pick(quick=0.02, cpu=0.02, gpu=0.1),
-        "n_train": P.pick(quick=2048, cpu=20000, gpu=0),
-        "n_test": P.pick(quick=1024, cpu=5000, gpu=0),
-        "width": P.pick(quick=16, cpu=16, gpu=64),
-    }
+    """The run's dataset, sizes and peak learning rate of one process in the current
+    profile, from the lab's settings (``lab2_settings.TRAIN``; also the defaults of
+    train_horovod_spark.py, which takes its own options)."""
+    return dict(paths.lab_module("lab2", "settings").TRAIN.of())
 
 
 def parser(description: str) -> argparse.ArgumentParser:
     """The options every Lab 2 training script takes (a script may add its own)."""
-    P, D = profile.current(), defaults()
+    D = defaults()
     p = profile.script_parser(description)
-    p.add_argument(
-        "--dataset",
-        choices=data.NAMES,
-        default=P.pick(quick="fashion-mnist", cpu="fashion-mnist", gpu="cifar10"),
-    )
+    p.add_argument("--dataset", choices=data.NAMES, default=D["dataset"])
     p.add_argument("--epochs", type=int, default=D["epochs"])
     p.add_argument(
         "--batch-size", type=int, default=D["batch_size"], help="samples per step and process"

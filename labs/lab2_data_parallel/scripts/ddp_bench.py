@@ -23,18 +23,16 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import gloo_exit, metrics, models, profile
+from lab_utils import gloo_exit, metrics, models, paths, profile
 
 
 def parse_args() -> argparse.Namespace:
-    P = profile.current()
+    S = paths.lab_module("lab2", "settings").DDP_KNOBS.of()  # the profile's sizes
     p = profile.script_parser(__doc__.splitlines()[0])
     p.add_argument("--arch", default="fmnist_cnn", choices=["fmnist_cnn", "resnet_cifar"])
-    p.add_argument("--width", type=int, default=P.pick(quick=32, cpu=32, gpu=64))
-    p.add_argument("--batch-size", type=int, default=P.pick(quick=32, cpu=64, gpu=256))
-    p.add_argument(
-        "--steps", type=int, default=P.pick(quick=6, cpu=20, gpu=50), help="timed steps per setting"
-    )
+    p.add_argument("--width", type=int, default=S.width)
+    p.add_argument("--batch-size", type=int, default=S.batch_size)
+    p.add_argument("--steps", type=int, default=S.steps, help="timed steps per setting")
     p.add_argument(
         "--bucket-caps",
         type=float,
