@@ -21,6 +21,7 @@ import torch
 
 import lab1_checks as check
 import lab1_plots as lplots
+import lab1_settings
 import lab1_solutions as solution
 from lab_utils import data, regression
 from lab_utils.checks import CheckFailed
@@ -252,16 +253,23 @@ def test_autograd_equals_the_hand_derived_gradients(line):
         )
 
 
+# 02_sgd_minibatches's quick sizes: the data set, the variance sweep, the decay run
+MINIBATCH = lab1_settings.MINIBATCH.of("quick")
+
+
 def test_minibatch_gradient_variance_falls_like_one_over_b():
-    x, y = regression.line_data(512, seed=0)
-    batches = [1, 2, 4, 8, 16, 32, 64]
+    x, y = regression.line_data(MINIBATCH.n_samples, seed=0)
+    batches = MINIBATCH.variance_batches
     rng = np.random.default_rng(0)
     full = regression.mse_gradient(x, y, np.zeros(2))
     variances = [
         np.mean(
             [
                 np.sum((regression.mse_gradient(x[i], y[i], np.zeros(2)) - full) ** 2)
-                for i in (rng.choice(len(y), size=b, replace=False) for _ in range(200))
+                for i in (
+                    rng.choice(len(y), size=b, replace=False)
+                    for _ in range(MINIBATCH.variance_draws)
+                )
             ]
         )
         for b in batches
@@ -287,11 +295,11 @@ def test_learning_rate_threshold_is_two_over_lambda_max(line):
 
 
 def test_learning_rate_decay_converges_where_a_constant_rate_bounces():
-    x, y = regression.line_data(512, seed=0)
+    x, y = regression.line_data(MINIBATCH.n_samples, seed=0)
     best = regression.lstsq(x, y)
 
     def tail_distance(lr):
-        path = solution.minibatch_sgd(x, y, [-1, 3], lr, 4, 20, seed=0)
+        path = solution.minibatch_sgd(x, y, [-1, 3], lr, 4, MINIBATCH.decay_epochs, seed=0)
         d = np.linalg.norm(path - best, axis=1)
         return d[-len(d) // 10 :].mean()
 

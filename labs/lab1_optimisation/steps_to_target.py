@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+import lab1_settings  # beside this file: the sizes of each profile
 from lab_utils import data, models, profile
 from lab_utils.checks import Claim
 from lab_utils.loader import TensorLoader
@@ -90,27 +91,9 @@ class Setup:
 
 
 def setup_for(p: Profile) -> Setup:
-    """``quick`` shows the code path on tiny subsets; ``cpu`` is the measured claim."""
-    return p.pick(
-        quick=Setup(
-            target_acc=0.55,
-            n_train=4096,
-            held_out=200,
-            batches=(16, 64, 256),
-            seeds=(0,),
-            lr_smallest=0.006,
-            width=8,
-            max_images=8_000,
-        ),
-        cpu=Setup(),
-        gpu=Setup(
-            held_out=2000,
-            batches=(8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
-            lr_smallest=0.003,
-            lr_max=1.0,
-            max_images=2_000_000,
-        ),
-    )
+    """The profile's setup: its sizes are ``lab1_settings.STEPS`` (``quick`` shows the
+    code path on tiny subsets; ``cpu`` is the measured claim)."""
+    return Setup(**lab1_settings.STEPS.of(p.name))
 
 
 def crossing(checks: Sequence[tuple[int, float]], target: float) -> float | None:

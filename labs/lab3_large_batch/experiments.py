@@ -15,6 +15,7 @@ chooses learning rates, and the test split is only used to report.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import math
 import time
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+import lab3_settings  # beside this file: the sizes of each profile
 from lab_utils import data, models, optim
 from lab_utils.loader import TensorLoader
 from lab_utils.profile import Profile
@@ -77,43 +79,14 @@ class Setup:
 
 
 def setup_for(profile: Profile) -> Setup:
-    """The experiment sizes of a run profile.
+    """The experiment sizes of a run profile: ``lab3_settings.SETUP``.
 
     ``quick`` checks that the code runs (seconds, numbers mean little); ``cpu`` is
     the recorded science on Fashion-MNIST with an MLP (minutes on 2 cores); ``gpu``
     is CIFAR-10 with the ResNet-style net.
     """
-    return profile.pick(
-        # quick: the largest batch (×16 = 512) still makes 16 updates, so curves are curves
-        quick=Setup(
-            model_kwargs={"hidden": (64,)},
-            n_train=4096,
-            n_val=512,
-            n_test=1000,
-            epochs=2,
-            base_batch=32,
-            base_lr=0.02,
-            largest_ratio=16,
-        ),
-        cpu=Setup(
-            model_kwargs={"hidden": (256, 128)},
-            # chosen: SGD 0.226 (the largest), LARS 4 (the smallest), LAMB 0.08
-            claim_lrs={"sgd": (1, 2), "lars": (0, 1), "lamb": (0, 1, 2)},
-        ),
-        gpu=Setup(
-            dataset="cifar10",
-            arch="resnet_cifar",
-            model_kwargs={"width": 32},
-            n_train=49152,
-            n_val=848,
-            epochs=16,
-            base_batch=128,
-            base_lr=0.05,
-            weight_decay=5e-4,
-            augment=True,
-            largest_ratio=64,
-        ),
-    )
+    # a copy: a notebook that changes its setup's model_kwargs changes no other setup
+    return Setup(**copy.deepcopy(dict(lab3_settings.SETUP.of(profile.name))))
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # experiments.py beside this file
 
 import lab3_checks as checks
+import lab3_settings
 from experiments import (
     Run,
     Setup,
@@ -334,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--seeds",
         type=int,
         default=None,
-        help="seeds per configuration (default: quick 1, cpu 2, gpu 2)",
+        help="seeds per configuration (default: the profile's, lab3_settings.SCIENCE)",
     )
     p.add_argument(
         "--jobs",
@@ -354,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     P = profile.current(args.profile or os.environ.get("LABS_PROFILE") or "cpu")
     setup = setup_for(P)
-    seeds = list(range(args.seeds or P.pick(quick=1, cpu=2, gpu=2)))
+    seeds = list(range(args.seeds or lab3_settings.SCIENCE.of(P.name).seeds))
     started = time.perf_counter()
     print(
         f"Lab 3 science — {P}, {setup.dataset}, {setup.arch} {setup.model_kwargs}, "

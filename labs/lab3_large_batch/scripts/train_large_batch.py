@@ -21,24 +21,24 @@ import argparse
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from lab_utils import data, gloo_exit, metrics, models, optim, profile
+from lab_utils import data, gloo_exit, metrics, models, optim, paths, profile
 from lab_utils import dist as labdist
 from lab_utils.loader import TensorLoader
 from lab_utils.train import Trainer
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    P = profile.current()
+    S = paths.lab_module("lab3", "settings").RECIPE.of()  # the profile's defaults
     p = profile.script_parser(__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=P.pick(quick=2, cpu=4, gpu=8))
-    p.add_argument("--batch-per-worker", type=int, default=P.pick(quick=64, cpu=256, gpu=512))
+    p.add_argument("--epochs", type=int, default=S.epochs)
+    p.add_argument("--batch-per-worker", type=int, default=S.batch_per_worker)
     p.add_argument(
         "--base-batch",
         type=int,
-        default=P.pick(quick=32, cpu=64, gpu=64),
+        default=S.base_batch,
         help="the batch size --base-lr was tuned for",
     )
-    p.add_argument("--base-lr", type=float, default=P.pick(quick=0.02, cpu=0.01, gpu=0.01))
+    p.add_argument("--base-lr", type=float, default=S.base_lr)
     p.add_argument(
         "--scale",
         choices=optim.SCALING_RULES,
@@ -56,12 +56,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--n-train",
         type=int,
-        default=P.pick(quick=2048, cpu=57344, gpu=0),
+        default=S.n_train,
         help="training images (0: all)",
     )
-    p.add_argument(
-        "--n-test", type=int, default=P.pick(quick=1000, cpu=0, gpu=0), help="test images (0: all)"
-    )
+    p.add_argument("--n-test", type=int, default=S.n_test, help="test images (0: all)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
