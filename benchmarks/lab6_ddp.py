@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-from lab_utils import launch
+from lab_utils import launch, parallel, paths
 
 from .common import REPO_ROOT, Report, Settings, Skip
 
@@ -46,17 +46,11 @@ def _args(quick: bool) -> list[str]:
             "--repeats",
             "2",
         ]
+    # the cpu profile's model (parallel.MODEL) and notebook 5's steps, with a benchmark's
+    # own corpus, buckets and rounds
     return [
-        "--d-model",
-        "128",
-        "--layers",
-        "4",
-        "--seq-len",
-        "64",
-        "--batch-size",
-        "32",
-        "--steps",
-        "5",
+        *parallel.MODEL.args("d_model", "layers", "seq_len", "batch_size", profile="cpu"),
+        *paths.lab_module("lab6", "settings").DDP_BY_HAND.args("steps", profile="cpu"),
         "--n-chars",
         "500000",
         "--bucket-kb",

@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import gloo_exit, metrics, parallel, profile
+from lab_utils import gloo_exit, metrics, parallel, paths, profile
 
 # DDP's bucket assignment, as torch's reducer makes it (notebook 5's exercise writes it)
 from lab_utils.buckets import make_buckets
@@ -152,16 +152,14 @@ class HandDDP:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    P = profile.current()
+    S = paths.lab_module("lab6", "settings").DDP_BY_HAND.of()  # notebook 5's sizes
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument(
         "--bucket-kb",
         nargs="+",
         type=float,
-        default=P.pick(
-            quick=[16, 128, 1024], cpu=[32, 256, 1024, 4096], gpu=[256, 1024, 4096, 25600]
-        ),
+        default=S.bucket_kb,
         help="bucket sizes (KiB) timed; the first is used for the equivalence check",
     )
     p.add_argument(
@@ -174,7 +172,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--repeats",
         type=int,
-        default=P.pick(quick=3, cpu=8, gpu=10),
+        default=S.repeats,
         help="timed rounds; each round times every variant once, in alternating order",
     )
     p.add_argument(

@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from lab_utils import dist as labdist
-from lab_utils import gloo_exit, metrics, parallel, profile, slow_link
+from lab_utils import gloo_exit, metrics, parallel, paths, profile, slow_link
 
 # Lab 6.5's hand-made DDP and its timed training step, reused as they are.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab6_efficiency" / "scripts"))
@@ -55,18 +55,14 @@ from ddp_by_hand import Variant, bucket_bytes
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    P = profile.current()
+    S = paths.lab_module("lab7", "settings").SWEEP.of()
     p = profile.script_parser(__doc__.splitlines()[0])
     parallel.add_model_args(p)
     p.add_argument(
         "--sizes-kb",
         nargs="+",
         type=float,
-        default=P.pick(
-            quick=[4, 16, 64, 256, 512],
-            cpu=[4, 16, 64, 128, 256, 512, 1024, 2048, 4096],
-            gpu=[4, 16, 64, 256, 1024, 4096, 16384, 65536],
-        ),
+        default=S.sizes_kb,
         help="payload sizes (KiB of float32) of the all-reduces timed",
     )
     p.add_argument(
@@ -76,13 +72,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="link rates (Mbit/s, or 'none': unshaped) measured one after the other; needs "
         "the job inside a slow link (python -m lab_utils.slow_link ... -- torchrun ...)",
     )
-    p.add_argument(
-        "--repeats", type=int, default=P.pick(quick=3, cpu=5, gpu=10), help="rounds timed"
-    )
+    p.add_argument("--repeats", type=int, default=S.repeats, help="rounds timed")
     p.add_argument(
         "--max-seconds",
         type=float,
-        default=P.pick(quick=0.1, cpu=0.3, gpu=0.3),
+        default=S.max_seconds,
         help="leave out the sizes whose all-reduce would take longer at a rate",
     )
     p.add_argument("--ddp", action="store_true", help="also time DDP steps at every rate")
