@@ -35,15 +35,16 @@ Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
 
 import argparse
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
+from steps import batches as lab7_batches
+from steps import run_steps
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import gloo_exit, metrics, parallel, profile, traffic
+from lab_utils import gloo_exit, metrics, parallel, profile
 
 HOOKS = ("none", "fp16", "bf16", "powersgd")
 
@@ -101,19 +102,7 @@ def train(hook: str, args: argparse.Namespace, batches: list, device) -> dict:
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(hook, grad_bytes, args))
     register(ddp, hook, args)
     opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
-    losses, seconds, sent = [], [], []
-    rank, world = dist.get_rank(), dist.get_world_size()
-    for x, y in batches:
-        share = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
-        start = time.perf_counter()
-        with traffic.count() as seen:
-            opt.zero_grad()
-            loss = parallel.lm_loss(ddp(x[share]), y[share])
-            loss.backward()
-        opt.step()
-        seconds.append(time.perf_counter() - start)
-        sent.append(seen.get("all_reduce", 0))
-        losses.append(labdist.average(loss.item()))
+    steps = run_steps(ddp, opt, batches)
     buckets = [
         [list(g.shape) for g in b.gradients()] for b in ddp.reducer._get_zeros_like_grad_buckets()
     ]
@@ -121,9 +110,9 @@ def train(hook: str, args: argparse.Namespace, batches: list, device) -> dict:
         "hook": hook,
         "buckets": len(buckets),
         "shapes_by_bucket": buckets,
-        "bytes_by_step": sent,
-        "losses": losses,
-        "step_s": statistics.median(seconds[1:] or seconds),
+        "bytes_by_step": steps["bytes_by_step"],
+        "losses": steps["losses"],
+        "step_s": statistics.median(steps["seconds"][1:] or steps["seconds"]),
         "rank": args.rank,
         "start_iter": args.start_iter,
     }
@@ -134,11 +123,7 @@ def main() -> None:
     # [1] Gloo's threads can abort or hang a rank at exit: lab_utils/gloo_exit.py says why
     gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
-    data = parallel.corpus(args)
-    batches = [
-        tuple(t.to(info.device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-        for s in range(args.steps)
-    ]
+    batches = lab7_batches(args, info.device)
     shapes = [list(p.shape) for p in parallel.build_model(args).parameters()]
     numel = sum(torch.Size(s).numel() for s in shapes)
     metrics.emit(

@@ -28,18 +28,18 @@ Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
 """
 
 import argparse
-import time
 import warnings
 
 import torch
-import torch.distributed as dist
+from steps import batches as lab7_batches
+from steps import run_steps
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from lab_utils import dist as labdist
-from lab_utils import gloo_exit, metrics, parallel, profile, traffic
+from lab_utils import gloo_exit, metrics, parallel, profile
 
 # H = 1 on purpose: it is the check that local SGD is DDP (torch warns that DDP is cheaper)
 warnings.filterwarnings("ignore", message="When period is 1, no need to use model averaging")
@@ -64,26 +64,12 @@ def train(method: str, period: int, args, batches: list, device) -> tuple[dict, 
         net = model
         averager = PeriodicModelAverager(period=period, warmup_steps=period - 1)
         opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr), averager)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    losses, sent, seconds = [], [], []
-    for x, y in batches:
-        share = slice(rank * len(x) // world, (rank + 1) * len(x) // world)
-        start = time.perf_counter()
-        with traffic.count() as seen:
-            opt.zero_grad()
-            loss = parallel.lm_loss(net(x[share]), y[share])
-            loss.backward()
-            opt.step()
-        seconds.append(time.perf_counter() - start)
-        sent.append(seen.get("all_reduce", 0))
-        losses.append(labdist.average(loss.item()))
+    steps = run_steps(net, opt, batches)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     run = {
         "method": method,
         "period": period,
-        "bytes_by_step": sent,
-        "losses": losses,
-        "seconds": seconds,
+        **steps,
     }
     return run, weights
 
@@ -93,11 +79,7 @@ def main() -> None:
     # [1] Gloo's threads can abort or hang a rank at exit: lab_utils/gloo_exit.py says why
     gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
-    data = parallel.corpus(args)
-    batches = [
-        tuple(t.to(info.device) for t in data.batch(args.batch_size, args.seq_len, s, args.seed))
-        for s in range(args.steps)
-    ]
+    batches = lab7_batches(args, info.device)
     numel = sum(p.numel() for p in parallel.build_model(args).parameters())
     metrics.emit(
         {
