@@ -47,7 +47,7 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -324,22 +324,10 @@ def set_rate(rate_mbit: float | None) -> Link:
 # ----------------------------------------------------------------- from a notebook
 
 
-def run(
-    script: str | os.PathLike,
-    args: Sequence[str] = (),
-    *,
-    link: Link | None,
-    nprocs: int = 2,
-    launcher: str = "torchrun",
-    timeout: float = 300,
-    env: Mapping[str, str] | None = None,
-    cwd: str | os.PathLike | None = None,
-    echo: bool = True,
-    threads_per_proc: int | None = 1,
-    launcher_args: Sequence[str] = (),
-):
-    """:func:`lab_utils.launch.run` with the job inside ``link`` (``None``: on the
-    host's shared loopback, unshaped, as ``launch.run`` would start it).
+def run(script: str | os.PathLike, args: Sequence[str] = (), *, link: Link | None, **options: Any):
+    """:func:`lab_utils.launch.run` (its ``options``: nprocs, launcher, timeout, env, cwd,
+    echo, …) with the job inside ``link`` (``None``: on the host's shared loopback,
+    unshaped, as ``launch.run`` would start it).
 
     It prints the whole command it starts and returns the same ``LaunchResult``. The
     wrapper goes between the supervisor (:mod:`lab_utils.reaper`, outside the
@@ -347,19 +335,7 @@ def run(
     usual, and whatever happens the namespace goes with its last process."""
     from . import launch
 
-    return launch.run(
-        script,
-        args,
-        nprocs=nprocs,
-        launcher=launcher,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-        echo=echo,
-        threads_per_proc=threads_per_proc,
-        launcher_args=launcher_args,
-        wrapper=prefix(link) if link is not None else (),
-    )
+    return launch.run(script, args, wrapper=prefix(link) if link is not None else (), **options)
 
 
 def host_loopback_qdisc() -> str:
