@@ -184,15 +184,36 @@ def _check_rates(
         raise ValueError(f"betas must be in [0, 1), got {betas}")
 
 
-def _closure_loss(closure: Callable[[], float] | None) -> float | None:
-    """The loss of ``closure`` (re-evaluated with gradients on, as torch.optim does)."""
-    if closure is None:
-        return None
-    with torch.enable_grad():
-        return closure()
+def _check_trust(weight_decay: float, trust_coefficient: float, eps: float) -> None:
+    """The checks LARS and LARC make of their trust ratio's terms."""
+    if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
+        raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
 
 
-class LARS(Optimizer):
+class _PerTensor(Optimizer):
+    """An optimiser whose update of a tensor reads only that tensor, its gradient, its
+    state and its group's settings: :meth:`step` visits every parameter that has a
+    gradient and each subclass writes the update of one (``_update``)."""
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        """One update of every parameter that has a gradient; the loss of ``closure``
+        (re-evaluated with gradients on, as torch.optim does), if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, p.grad, self.state[p], group)
+        return loss
+
+    def _update(self, p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+        raise NotImplementedError
+
+
+class LARS(_PerTensor):
     """Layer-wise Adaptive Rate Scaling (You, Gitman & Ginsburg 2017, Algorithm 1).
 
     For each parameter tensor ``w`` (a "layer") with gradient ``g``::
@@ -220,8 +241,7 @@ class LARS(Optimizer):
         exclude_bias_and_norm: bool = False,
     ) -> None:
         _check_rates(lr, momentum=momentum)
-        if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
-            raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
+        _check_trust(weight_decay, trust_coefficient, eps)
         defaults = dict(
             lr=lr,
             momentum=momentum,
@@ -238,33 +258,24 @@ class LARS(Optimizer):
             w, g, group["trust_coefficient"], group["weight_decay"], group["eps"]
         )
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One LARS update of every parameter that has a gradient."""
-        loss = _closure_loss(closure)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                state = self.state[p]
-                if _is_excluded(p, group):
-                    d, ratio = g, torch.ones((), device=p.device)
-                else:
-                    wd = group["weight_decay"]
-                    ratio = self.trust_ratio(p, g, group)
-                    d = g.add(p, alpha=wd) if wd else g
-                    d = d * ratio
-                state["trust_ratio"] = ratio
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    buf = state["momentum_buffer"] = torch.zeros_like(p)
-                buf.mul_(group["momentum"]).add_(d, alpha=group["lr"])
-                p.sub_(buf)
-        return loss
+    def _update(self, p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+        """One LARS update of tensor ``p``."""
+        if _is_excluded(p, group):
+            d, ratio = g, torch.ones((), device=p.device)
+        else:
+            wd = group["weight_decay"]
+            ratio = self.trust_ratio(p, g, group)
+            d = g.add(p, alpha=wd) if wd else g
+            d = d * ratio
+        state["trust_ratio"] = ratio
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = state["momentum_buffer"] = torch.zeros_like(p)
+        buf.mul_(group["momentum"]).add_(d, alpha=group["lr"])
+        p.sub_(buf)
 
 
-class LAMB(Optimizer):
+class LAMB(_PerTensor):
     """Layer-wise Adaptive Moments for Batch training (You et al. 2019, Algorithm 2).
 
     Adam's moments, then a per-tensor trust ratio::
@@ -302,44 +313,35 @@ class LAMB(Optimizer):
         )
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One LAMB update of every parameter that has a gradient."""
-        loss = _closure_loss(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                state = self.state[p]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = state["step"]
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(g, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-                if group["bias_correction"]:
-                    m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
-                else:
-                    m_hat, v_hat = m, v
-                u = m_hat / (v_hat.sqrt() + group["eps"])
-                if _is_excluded(p, group):
-                    ratio = torch.ones((), device=p.device)
-                else:
-                    if group["weight_decay"]:
-                        u.add_(p, alpha=group["weight_decay"])
-                    w_norm = torch.linalg.vector_norm(p)
-                    ratio = _safe_ratio(w_norm, w_norm, torch.linalg.vector_norm(u))
-                state["trust_ratio"] = ratio
-                p.sub_(u * (group["lr"] * ratio))
-        return loss
+    def _update(self, p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+        """One LAMB update of tensor ``p``."""
+        beta1, beta2 = group["betas"]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        t = state["step"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.mul_(beta1).add_(g, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        if group["bias_correction"]:
+            m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        else:
+            m_hat, v_hat = m, v
+        u = m_hat / (v_hat.sqrt() + group["eps"])
+        if _is_excluded(p, group):
+            ratio = torch.ones((), device=p.device)
+        else:
+            if group["weight_decay"]:
+                u.add_(p, alpha=group["weight_decay"])
+            w_norm = torch.linalg.vector_norm(p)
+            ratio = _safe_ratio(w_norm, w_norm, torch.linalg.vector_norm(u))
+        state["trust_ratio"] = ratio
+        p.sub_(u * (group["lr"] * ratio))
 
 
-class LARC(Optimizer):
+class LARC(_PerTensor):
     """Layer-wise Adaptive Rate Control: LARS with an optional clip (NVIDIA's LARC, as
     in apex; the deck's ``min(γ, η‖w‖/‖g‖)``), on SGD with momentum.
 
@@ -371,8 +373,7 @@ class LARC(Optimizer):
         exclude_bias_and_norm: bool = False,
     ) -> None:
         _check_rates(lr, momentum=momentum)
-        if weight_decay < 0 or trust_coefficient <= 0 or eps < 0:
-            raise ValueError("weight_decay and eps must be >= 0 and trust_coefficient > 0")
+        _check_trust(weight_decay, trust_coefficient, eps)
         if mode not in self.MODES:
             raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
         defaults = dict(
@@ -386,42 +387,31 @@ class LARC(Optimizer):
         )
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One LARC update of every parameter that has a gradient."""
-        loss = _closure_loss(closure)
-        for group in self.param_groups:
-            lr, wd = group["lr"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                state = self.state[p]
-                if _is_excluded(p, group):
-                    d, local = g, torch.ones((), device=p.device)
-                else:
-                    w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
-                    local = _safe_ratio(
-                        group["trust_coefficient"] * w_norm,
-                        w_norm,
-                        g_norm + wd * w_norm + group["eps"],
-                    )
-                    if group["mode"] == "clip":
-                        local = torch.clamp(local / lr, max=1.0)
-                    ok = (w_norm > 0) & (g_norm > 0)  # apex leaves such a tensor's gradient as is
-                    local = torch.where(ok, local, torch.ones_like(local))
-                    d = torch.where(ok, g.add(p, alpha=wd) if wd else g, g) * local
-                state["trust_ratio"] = local
-                buf = state.get("momentum_buffer")
-                if buf is None:
-                    buf = state["momentum_buffer"] = d.clone()
-                else:
-                    buf.mul_(group["momentum"]).add_(d)
-                p.sub_(buf, alpha=lr)
-        return loss
+    def _update(self, p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+        """One LARC update of tensor ``p``."""
+        lr, wd = group["lr"], group["weight_decay"]
+        if _is_excluded(p, group):
+            d, local = g, torch.ones((), device=p.device)
+        else:
+            w_norm, g_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(g)
+            local = _safe_ratio(
+                group["trust_coefficient"] * w_norm, w_norm, g_norm + wd * w_norm + group["eps"]
+            )
+            if group["mode"] == "clip":
+                local = torch.clamp(local / lr, max=1.0)
+            ok = (w_norm > 0) & (g_norm > 0)  # apex leaves such a tensor's gradient as is
+            local = torch.where(ok, local, torch.ones_like(local))
+            d = torch.where(ok, g.add(p, alpha=wd) if wd else g, g) * local
+        state["trust_ratio"] = local
+        buf = state.get("momentum_buffer")
+        if buf is None:
+            buf = state["momentum_buffer"] = d.clone()
+        else:
+            buf.mul_(group["momentum"]).add_(d)
+        p.sub_(buf, alpha=lr)
 
 
-class NovoGrad(Optimizer):
+class NovoGrad(_PerTensor):
     """NovoGrad: SGD with momentum on gradients normalised by layer-wise second moments
     (Ginsburg et al. 2019, Algorithm 1).
 
@@ -460,37 +450,28 @@ class NovoGrad(Optimizer):
         )
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        """One NovoGrad update of every parameter that has a gradient."""
-        loss = _closure_loss(closure)
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                g = p.grad
-                state = self.state[p]
-                sq = torch.linalg.vector_norm(g).square()
-                wd = 0.0 if _is_excluded(p, group) else group["weight_decay"]
-                if not state:
-                    state["step"] = 1
-                    state["v"] = sq.clone()
-                    u = g / torch.clamp(sq.sqrt(), min=torch.finfo(g.dtype).tiny)
-                    if wd:
-                        u = u.add(p, alpha=wd)
-                    state["m"] = u
-                else:
-                    state["step"] += 1
-                    state["v"].mul_(beta2).add_(sq, alpha=1 - beta2)
-                    u = g / (state["v"].sqrt() + group["eps"])
-                    if wd:
-                        u = u.add(p, alpha=wd)
-                    if group["grad_averaging"]:
-                        u = u * (1 - beta1)
-                    state["m"].mul_(beta1).add_(u)
-                p.sub_(state["m"], alpha=group["lr"])
-        return loss
+    def _update(self, p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+        """One NovoGrad update of tensor ``p``."""
+        beta1, beta2 = group["betas"]
+        sq = torch.linalg.vector_norm(g).square()
+        wd = 0.0 if _is_excluded(p, group) else group["weight_decay"]
+        if not state:
+            state["step"] = 1
+            state["v"] = sq.clone()
+            u = g / torch.clamp(sq.sqrt(), min=torch.finfo(g.dtype).tiny)
+            if wd:
+                u = u.add(p, alpha=wd)
+            state["m"] = u
+        else:
+            state["step"] += 1
+            state["v"].mul_(beta2).add_(sq, alpha=1 - beta2)
+            u = g / (state["v"].sqrt() + group["eps"])
+            if wd:
+                u = u.add(p, alpha=wd)
+            if group["grad_averaging"]:
+                u = u * (1 - beta1)
+            state["m"].mul_(beta1).add_(u)
+        p.sub_(state["m"], alpha=group["lr"])
 
 
 def trust_ratios(model: nn.Module, optimizer: Optimizer) -> dict[str, float]:

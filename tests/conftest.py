@@ -8,10 +8,14 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from lab_utils.launch import LaunchResult
 
 # pytest-xdist runs two workers on two cores: one thread each, or they fight.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -99,6 +103,39 @@ def script_stop(
     with pytest.raises(SystemExit) as stop:
         module.main()
     return stop.value.code
+
+
+def launch_quick(
+    script: Path, args: list, *, nprocs: int, timeout: float = 240, env: dict | None = None
+) -> LaunchResult:
+    """``script`` launched on ``nprocs`` processes in the quick profile (``env`` added), its
+    output not echoed: a test reads the result (``.output``, ``.event(...)``)."""
+    from lab_utils import launch
+
+    return launch.run(
+        script,
+        [str(a) for a in args],
+        nprocs=nprocs,
+        timeout=timeout,
+        echo=False,
+        env={"LABS_PROFILE": "quick", **(env or {})},
+    )
+
+
+def script_help(monkeypatch: pytest.MonkeyPatch, script: Path, profile: str = "quick") -> str:
+    """A script's ``--help`` in ``profile`` (its defaults are that profile's), whitespace
+    collapsed so that argparse's line wrapping cannot split what a test looks for."""
+    from contextlib import redirect_stdout
+    from io import StringIO
+
+    from lab_utils.source import load_script
+
+    monkeypatch.setenv("LABS_PROFILE", profile)
+    out = StringIO()
+    with redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        load_script(script).parse_args(["--help"])
+    assert stop.value.code == 0
+    return " ".join(out.getvalue().split())
 
 
 def processes_matching(marker: str) -> list[psutil.Process]:

@@ -183,12 +183,11 @@ def test_ring_matches_dist_all_reduce_in_real_processes():
     result = launch.run(
         RING_CHECK, ["--sizes", "1000", "--repeats", "1"], nprocs=3, timeout=120, echo=False
     ).check()
-    checks = [m for m in result.metrics if m["event"] == "ring_check"]
+    checks = result.events("ring_check")
     assert {m["world_size"] for m in checks} == {2, 3}
     assert {m["dtype"] for m in checks} == {"float32", "int64"}
     for m in checks:
         assert m["max_rel_err"] <= (1e-6 if m["dtype"] == "float32" else 0.0), m
-    ring = [m for m in result.metrics if m["event"] == "traffic" and m["algo"] == "ring"]
-    server = [m for m in result.metrics if m["event"] == "traffic" and m["algo"] == "server"]
+    ring, server = result.events("traffic", algo="ring"), result.events("traffic", algo="server")
     assert [m["bytes_sent"] for m in ring] == [4 * ring_elements_sent(1000, 3, r) for r in range(3)]
     assert server[0]["bytes_received"] == C.server_bytes(4000, 3)

@@ -11,32 +11,20 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from conftest import REPO, script_stop, tiny_transformer
+from conftest import REPO, launch_quick, script_help, script_stop, tiny_transformer
 from torch.distributed.checkpoint.api import CheckpointException
 
 import lab4_checks as checks
 import lab4_solutions as reference
-from lab_utils import launch, models
+from lab_utils import models
 from lab_utils.checks import CheckFailed
-from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "reshard_checkpoint.py"
 TINY = tiny_transformer()
 
 
 def run(args, nprocs):
-    return launch.run(
-        SCRIPT,
-        [*TINY, *map(str, args)],
-        nprocs=nprocs,
-        timeout=240,
-        echo=False,
-        env={"LABS_PROFILE": "quick"},
-    )
-
-
-def event(result, kind):
-    return next(m for m in result.metrics if m["event"] == kind)
+    return launch_quick(SCRIPT, [*TINY, *args], nprocs=nprocs)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +34,7 @@ def saved(tmp_path_factory):
         ["--save", d / "ckpt", "--reference", d / "ref.pt", "--checkpoint", d / "plain.pt"], 4
     )
     assert result.ok, result.output
-    return d, event(result, "saved")
+    return d, result.event("saved")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +42,7 @@ def loaded(saved):
     d, _ = saved
     result = run(["--load", d / "ckpt", "--reference", d / "ref.pt"], 2)
     assert result.ok, result.output
-    return event(result, "loaded")
+    return result.event("loaded")
 
 
 def test_four_ranks_saved_two_ranks_loaded_equal(saved, loaded):
@@ -207,12 +195,6 @@ def test_process_count_that_does_not_fit_stops_cleanly(tmp_path, monkeypatch, ca
     assert not (tmp_path / "c").exists()
 
 
-def test_help_names_both_modes(monkeypatch, capsys):
-    monkeypatch.setenv("LABS_PROFILE", "quick")
-    with pytest.raises(SystemExit) as stop:
-        load_script(SCRIPT).parse_args(["--help"])
-    out = capsys.readouterr().out
-    assert stop.value.code == 0
-    assert (
-        "--save DIR" in out and "--load DIR" in out and "'quick' profile" in " ".join(out.split())
-    )
+def test_help_names_both_modes(monkeypatch):
+    out = script_help(monkeypatch, SCRIPT)
+    assert "--save DIR" in out and "--load DIR" in out and "'quick' profile" in out

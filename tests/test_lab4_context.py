@@ -7,21 +7,18 @@ and bytes against tensor parallelism.
 """
 
 import inspect
-import io
-from contextlib import redirect_stdout
 
 import pytest
 import torch
-from conftest import REPO, script_stop
+from conftest import REPO, launch_quick, script_help, script_stop
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import lab4_checks as checks
 import lab4_solutions as reference
-from lab_utils import launch, planner
+from lab_utils import planner
 from lab_utils import ring_attention as ring
 from lab_utils.checks import CheckFailed
-from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "context_parallel.py"
 TINY = ["--d-model", "32", "--seq-len", "32", "--seq-lens", "32", "64", "--repeats", "1"]
@@ -149,31 +146,28 @@ def test_a_wrong_zigzag_fails_the_comparison(old, new):
 
 @pytest.fixture(scope="module")
 def two_ranks():
-    result = launch.run(
-        SCRIPT, TINY, nprocs=2, timeout=240, echo=False, env={"LABS_PROFILE": "quick"}
-    ).check()
-    return result.metrics
+    return launch_quick(SCRIPT, TINY, nprocs=2).check()
 
 
 @pytest.mark.launcher
 def test_ring_attention_over_processes_equals_full_attention(two_ranks):
-    equal = [m for m in two_ranks if m["event"] == "ring_equal"]
+    equal = two_ranks.events("ring_equal")
     assert {m["layout"] for m in equal} == {"contiguous", "zigzag"}
     for eq in equal:
         for name in ("out", "dq", "dk", "dv"):
             checks.check_equal(eq[name], what=f"{eq['layout']} ring on 2 processes: {name}")
-    for row in (m for m in two_ranks if m["event"] == "ring_memory"):
+    for row in two_ranks.events("ring_memory"):
         assert max(row["per_rank"]) < row["one_process"]
         assert row["per_rank"][0] < row["per_rank"][1]  # the causal imbalance
         for layout, flops in row["flops"].items():  # counted by FlopCounterMode on each rank
             assert flops == [row["block_flops"] * ring.score_blocks(r, 2, layout) for r in (0, 1)]
-    cp = next(m for m in two_ranks if m["event"] == "torch_context_parallel")
+    cp = two_ranks.event("torch_context_parallel")
     assert cp["ran"] or cp["error"]
 
 
 @pytest.mark.launcher
 def test_sequence_parallel_trades_all_reduces_for_the_same_bytes(two_ranks):
-    tp, sp = (next(m for m in two_ranks if m.get("sequence_parallel") is s) for s in (False, True))
+    tp, sp = (two_ranks.event("sequence_parallel", sequence_parallel=s) for s in (False, True))
     assert tp["counts"] == {"all_reduce": 4, "all_gather": 0, "reduce_scatter": 0}
     assert sp["counts"] == {"all_reduce": 0, "all_gather": 4, "reduce_scatter": 4}
     assert sp["wire_bytes"] == tp["wire_bytes"] > 0
@@ -190,11 +184,8 @@ def test_sequence_parallel_trades_all_reduces_for_the_same_bytes(two_ranks):
 
 
 def test_help_shows_the_profiles_defaults(monkeypatch):
-    monkeypatch.setenv("LABS_PROFILE", "quick")
-    out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit):
-        load_script(SCRIPT).parse_args(["--help"])
-    assert "'quick' profile" in out.getvalue() and "--seq-lens" in out.getvalue()
+    out = script_help(monkeypatch, SCRIPT)
+    assert "'quick' profile" in out and "--seq-lens" in out
 
 
 def test_one_process_is_a_clean_error(monkeypatch, capsys):

@@ -7,13 +7,12 @@ import copy
 
 import pytest
 import torch
-from conftest import REPO, script_stop, tiny_transformer
+from conftest import REPO, launch_quick, script_help, script_stop, tiny_transformer
 
 import lab4_checks as checks
 import lab4_solutions as solutions
-from lab_utils import launch, models, moe
+from lab_utils import models, moe
 from lab_utils.checks import CheckFailed
-from lab_utils.source import load_script
 
 SCRIPT = REPO / "labs" / "lab4_model_parallel" / "scripts" / "experts.py"
 TINY = tiny_transformer(steps=2)
@@ -89,16 +88,9 @@ def test_load_balancing_loss_is_one_when_uniform_and_grows_with_skew():
 @pytest.fixture(scope="module")
 def four(tmp_path_factory):
     ckpt = tmp_path_factory.mktemp("moe") / "moe.pt"
-    result = launch.run(
-        SCRIPT,
-        [*TINY, "--experts", "4", "--checkpoint", str(ckpt)],
-        nprocs=4,
-        timeout=240,
-        echo=False,
-        env={"LABS_PROFILE": "quick"},
-    )
+    result = launch_quick(SCRIPT, [*TINY, "--experts", "4", "--checkpoint", ckpt], nprocs=4)
     assert result.ok, result.output
-    return next(m for m in result.metrics if m["event"] == "experts"), ckpt
+    return result.event("experts"), ckpt
 
 
 def test_four_processes_equal_one_and_count_bytes(four):
@@ -137,10 +129,6 @@ def test_process_count_that_does_not_fit_stops_cleanly(monkeypatch, capsys):
     assert "error: --experts 4 cannot be spread over 3 processes" in capsys.readouterr().err
 
 
-def test_help_shows_the_profile_defaults(monkeypatch, capsys):
-    monkeypatch.setenv("LABS_PROFILE", "quick")
-    with pytest.raises(SystemExit) as stop:
-        load_script(SCRIPT).parse_args(["--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert stop.value.code == 0
+def test_help_shows_the_profile_defaults(monkeypatch):
+    out = script_help(monkeypatch, SCRIPT)
     assert "--capacity-factor" in out and "'quick' profile" in out

@@ -4,13 +4,11 @@ of blocks and micro-batches in flight, and pipeline.py under torchrun (4 stages,
 crashed stage).
 """
 
-import io
 import random
-from contextlib import redirect_stdout
 
 import pytest
 import torch
-from conftest import REPO, processes_matching, tiny_transformer
+from conftest import REPO, launch_quick, processes_matching, script_help, tiny_transformer
 
 import lab4_checks as checks
 from lab_utils import launch, models, parallel, timeline
@@ -22,14 +20,7 @@ TINY = tiny_transformer(layers=4)
 
 
 def run(args, *, nprocs: int, timeout: float = 240, env=None) -> launch.LaunchResult:
-    return launch.run(
-        SCRIPT,
-        [str(a) for a in args],
-        nprocs=nprocs,
-        timeout=timeout,
-        echo=False,
-        env=dict({"LABS_PROFILE": "quick"}, **(env or {})),
-    )
+    return launch_quick(SCRIPT, args, nprocs=nprocs, timeout=timeout, env=env)
 
 
 # ------------------------------------------------------------------ timelines
@@ -225,11 +216,8 @@ def test_timed_stage_records_and_keeps_gradients():
 
 # ------------------------------------------------------------------ the script
 def test_help_shows_the_profiles_defaults(monkeypatch):
-    monkeypatch.setenv("LABS_PROFILE", "quick")
-    out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit):
-        load_script(SCRIPT).parse_args(["--help"])
-    assert "default: 2" in out.getvalue() and "'quick' profile" in out.getvalue()
+    out = script_help(monkeypatch, SCRIPT)
+    assert "default: 2" in out and "'quick' profile" in out
 
 
 def test_one_process_and_pipeline_alternate_a_b_b_a():
@@ -249,7 +237,7 @@ def test_pipeline_on_4_stages(tmp_path):
     result = run(
         [*TINY, "--microbatches", "4", "--repeats", "2", "--checkpoint", ckpt], nprocs=4
     ).check()
-    runs = [m for m in result.metrics if m.get("event") == "pipeline"]
+    runs = result.events("pipeline")
     assert {(r["schedule"], r["microbatches"]) for r in runs} == {("gpipe", 4), ("1f1b", 4)}
     for r in runs:
         checks.check_equal(r["grad_rel_err"], what=f"{r['schedule']} on 4 stages")

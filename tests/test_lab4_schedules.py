@@ -13,7 +13,7 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 import pytest
-from conftest import REPO, script_stop, tiny_transformer
+from conftest import REPO, launch_quick, script_help, script_stop, tiny_transformer
 from torch.distributed import pipelining as pp
 
 import lab4_checks as checks
@@ -28,14 +28,7 @@ SCHEDULES = ["1f1b", "interleaved", "zbv"]
 
 
 def run(args, *, nprocs: int, timeout: float = 240) -> launch.LaunchResult:
-    return launch.run(
-        SCRIPT,
-        [str(a) for a in args],
-        nprocs=nprocs,
-        timeout=timeout,
-        echo=False,
-        env={"LABS_PROFILE": "quick"},
-    )
+    return launch_quick(SCRIPT, args, nprocs=nprocs, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +36,7 @@ def two_ranks(tmp_path_factory):
     """One run of the four schedules on 2 processes, shared by the tests below."""
     ckpt = tmp_path_factory.mktemp("schedules") / "ps.pt"
     result = run([*TINY, "--schedules", *SCHEDULES, "--checkpoint", ckpt], nprocs=2).check()
-    return {r["schedule"]: r for r in result.metrics if r.get("event") == "schedule"}, ckpt
+    return {r["schedule"]: r for r in result.events("schedule")}, ckpt
 
 
 def ideal(order: dict, f: float = 1.0, b: float = 2.0, w: float = 0.0) -> list[dict]:
@@ -362,11 +355,8 @@ def test_bubble_check_fails_a_rank_idling_for_no_reason(two_ranks):
 
 # ------------------------------------------------------------------ the script's edges
 def test_help_shows_the_profiles_defaults(monkeypatch):
-    monkeypatch.setenv("LABS_PROFILE", "quick")
-    out = io.StringIO()
-    with redirect_stdout(out), pytest.raises(SystemExit):
-        load_script(SCRIPT).parse_args(["--help"])
-    assert "'quick' profile" in out.getvalue() and "--virtual" in out.getvalue()
+    out = script_help(monkeypatch, SCRIPT)
+    assert "'quick' profile" in out and "--virtual" in out
 
 
 def test_stage_placement():

@@ -73,11 +73,14 @@ def _processes_with(text: str) -> list[psutil.Process]:
     return [p for p in found if p.pid != os.getpid()]
 
 
-# student -> (status, verdict); the file each one is, in tests/submissions
+# student -> (status, verdict); the file each one is, in tests/submissions. The honest
+# job is good_linear.py graded right after the tamperer (a batch goes by name): it passes,
+# so the tamperer changed nothing, and its report is the evidence an honest job leaves.
+# (A crash is here as memory_hog; crash_one_rank's verdict is tests/test_grader.py's,
+# sandboxed under torchrun and mpirun: one job fewer, no claim less.)
 CLASS = {
-    "good_linear": ("pass", "passed"),
     "tamper": ("fail", "low_accuracy"),  # its edits were refused; its own model is untrained
-    "tamper_then_innocent": ("pass", "passed"),  # graded after it, judged correctly
+    "tamper_then_innocent": ("pass", "passed"),  # good_linear.py, judged correctly
     "dataset_cache": ("fail", "low_accuracy"),
     "peek_test_split": ("fail", "low_accuracy"),
     "copy_checkpoint": ("broken", "no_checkpoint"),
@@ -89,7 +92,6 @@ CLASS = {
     "oversized": ("broken", "bad_checkpoint"),
     "memory_hog": ("broken", "crashed"),
     "lone_rank": ("fail", "not_data_parallel"),  # no rank exchanged gradients with another
-    "crash_one_rank": ("broken", "crashed"),
     "syntax_error": ("broken", "syntax_error"),
 }
 EXIT = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
@@ -97,7 +99,7 @@ EXIT = {"pass": 0, "fail": 1, "broken": 2, "error": 3}
 
 @pytest.mark.launcher
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # 16 jobs: about 70 s on 2 idle cores, far more when shared
+@pytest.mark.timeout(1200)  # 14 jobs: about 60 s on 2 idle cores, far more when shared
 def test_a_class_of_good_bad_and_hostile_submissions(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
@@ -164,15 +166,13 @@ def test_a_class_of_good_bad_and_hostile_submissions(
     lone = [w for w in reports["lone_rank"]["warnings"] if w.startswith("rank 1 did not train")]
     assert lone, reports["lone_rank"]["warnings"]
     assert "rank 1 sent 0.00 MB and received 0.00 MB" in reports["lone_rank"]["message"]
-    assert not any(
-        "did not train" in w or "not data-parallel" in w for w in reports["good_linear"]["warnings"]
-    )
-    assert all(r["sent_mb"] > 0 for r in reports["good_linear"]["ranks"])
-    assert [r["rank"] for r in reports["good_linear"]["ranks"]] == [0, 1]
+    good = reports["tamper_then_innocent"]
+    assert not any("did not train" in w or "not data-parallel" in w for w in good["warnings"])
+    assert all(r["sent_mb"] > 0 for r in good["ranks"])
+    assert [r["rank"] for r in good["ranks"]] == [0, 1]
     # The evidence of both, read here for tests/test_grader_data_parallel.py (the same
     # jobs: grading them again there would cost two more launches). The honest job: every
     # rank moved at least the gradients' bytes, all of them on the job's own loopback.
-    good = reports["good_linear"]
     assert not any("could not be checked" in w for w in good["warnings"]), good["warnings"]
     need_mb = participation.minimum_bytes(good["checkpoint"]["parameters"]) / 2**20
     for row in good["ranks"]:
@@ -189,7 +189,7 @@ def test_a_class_of_good_bad_and_hostile_submissions(
     with open(out / "results.csv", newline="") as f:
         csv_rows = list(csv.DictReader(f))
     assert {r["student"]: (r["status"], r["verdict"]) for r in csv_rows} == CLASS
-    assert "16 submissions graded" in (out / "summary.txt").read_text()
+    assert f"{len(CLASS)} submissions graded" in (out / "summary.txt").read_text()
     state = json.loads((out / "results.json").read_text())
     state["rows"] = [r for r in state["rows"] if r["student"] != "syntax_error"]
     (out / "results.json").write_text(json.dumps(state))

@@ -148,6 +148,26 @@ def loglog(
     return ax
 
 
+def _loss_curves(
+    ax: plt.Axes,
+    losses: Mapping[str, Sequence[float]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    fontsize: int = 8,
+) -> None:
+    """Each run's loss along its updates on a log scale; a diverged value (inf, NaN)
+    leaves a gap."""
+    for label, loss in losses.items():
+        loss = np.asarray(loss, dtype=np.float64)
+        ax.plot(np.arange(len(loss)), np.where(np.isfinite(loss), loss, np.nan), label=label)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=fontsize)
+
+
 def paths_and_losses(
     W: np.ndarray,
     B: np.ndarray,
@@ -162,15 +182,7 @@ def paths_and_losses(
     """Paths on the loss contour (left) and the loss of each along its updates (right)."""
     fig, (ax_path, ax_loss) = plt.subplots(1, 2, figsize=(11, 4.2))
     loss_contour(W, B, L, paths, optimum=optimum, ax=ax_path)
-    for label, loss in losses.items():
-        loss = np.asarray(loss, dtype=np.float64)
-        shown = np.where(np.isfinite(loss), loss, np.nan)
-        ax_loss.plot(np.arange(len(loss)), shown, label=label)
-    ax_loss.set_yscale("log")
-    ax_loss.set_xlabel(xlabel)
-    ax_loss.set_ylabel("MSE loss (full data, log scale)")
-    ax_loss.grid(True, which="both", alpha=0.25)
-    ax_loss.legend(fontsize=8)
+    _loss_curves(ax_loss, losses, xlabel=xlabel, ylabel="MSE loss (full data, log scale)")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -424,17 +436,14 @@ def learning_rate_gallery(
         ax.set_xlabel("weight w")
         ax.set_ylabel("bias b")
         ax.set_title(label, fontsize=10)
-    ax_loss = fig.add_subplot(grid[1, :])
-    for k, (label, loss) in enumerate(losses.items()):
-        loss = np.asarray(loss, dtype=np.float64)
-        ax_loss.plot(
-            np.where(np.isfinite(loss), loss, np.nan), color=colors[k % len(colors)], label=label
-        )
-    ax_loss.set_yscale("log")
-    ax_loss.set_xlabel(xlabel)
-    ax_loss.set_ylabel("MSE loss (log scale)")
-    ax_loss.grid(True, which="both", alpha=0.25)
-    ax_loss.legend(fontsize=9)
+    # a fresh axes starts the same colour cycle: each curve has its panel's colour
+    _loss_curves(
+        fig.add_subplot(grid[1, :]),
+        losses,
+        xlabel=xlabel,
+        ylabel="MSE loss (log scale)",
+        fontsize=9,
+    )
     fig.suptitle(f"paths: the first {shown} steps of each learning rate")
     fig.tight_layout()
     return fig

@@ -304,25 +304,19 @@ def train(
         device=device,
         augment=setup.augment,
     )
-    val = TensorLoader(
-        splits.x_val,
-        splits.y_val,
-        1024,
-        shuffle=False,
-        even_shards=False,
-        mean=splits.mean,
-        std=splits.std,
-        device=device,
-    )
-    test = TensorLoader(
-        splits.x_test,
-        splits.y_test,
-        1024,
-        shuffle=False,
-        even_shards=False,
-        mean=splits.mean,
-        std=splits.std,
-        device=device,
+    # evaluation: every sample once, in order
+    val, test = (
+        TensorLoader(
+            x,
+            y,
+            1024,
+            shuffle=False,
+            even_shards=False,
+            mean=splits.mean,
+            std=splits.std,
+            device=device,
+        )
+        for x, y in ((splits.x_val, splits.y_val), (splits.x_test, splits.y_test))
     )
     opt = make_optimizer(run.optimizer, model.parameters(), run.lr, setup)
     steps_per_epoch = math.ceil(len(loader) / accum)

@@ -61,6 +61,19 @@ def _smooth(y: np.ndarray, window: int) -> np.ndarray:
     return np.convolve(y, kernel, mode="valid")
 
 
+def _counted_axes(ax: plt.Axes, *, xlabel: str, ylabel: str, title: str) -> plt.Axes:
+    """Labels, a grid and a small legend for runs drawn against a count (samples, steps,
+    epochs, updates): whole numbers on the x axis."""
+    ax.set_xlabel(xlabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    return ax
+
+
 def loss_per_step(
     results: Sequence[Any],
     *,
@@ -89,16 +102,14 @@ def loss_per_step(
         if x == "samples":
             xs = xs * r.run.batch
         ax.plot(xs, y, label=r.run.label + (" (diverged)" if r.diverged else ""))
-    ax.set_xlabel("training samples seen" if x == "samples" else "optimiser step")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("training loss")
     if logy:
         ax.set_yscale("log")
-    if title:
-        ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    return ax
+    return _counted_axes(
+        ax,
+        xlabel="training samples seen" if x == "samples" else "optimiser step",
+        ylabel="training loss",
+        title=title,
+    )
 
 
 def accuracy_bars(
@@ -156,14 +167,12 @@ def accuracy_per_epoch(
         ax.plot(
             ep, [100 * row[key] for row in r.epochs if key in row], marker="o", label=r.run.label
         )
-    ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("validation accuracy (%)" if key == "val_acc" else key)
-    if title:
-        ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    return ax
+    return _counted_axes(
+        ax,
+        xlabel="epoch",
+        ylabel="validation accuracy (%)" if key == "val_acc" else key,
+        title=title,
+    )
 
 
 def accuracy_vs_updates(
@@ -180,14 +189,9 @@ def accuracy_vs_updates(
             marker="o",
             label=f"{r.run.label} ({r.updates} updates)",
         )
-    ax.set_xlabel("optimiser updates")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_ylabel("validation accuracy (%)")
-    if title:
-        ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    return ax
+    return _counted_axes(
+        ax, xlabel="optimiser updates", ylabel="validation accuracy (%)", title=title
+    )
 
 
 def trust_ratios(

@@ -5,7 +5,7 @@ memory). Each raises :class:`~lab_utils.checks.CheckFailed` when it does not hol
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 from torch.nn import functional as F
@@ -44,6 +44,86 @@ def check_training_state_bytes(fn: Callable) -> None:
     passed("training_state_bytes: momentum and Adam, fp32 and mixed precision")
 
 
+# The split-layer exercises (MLP, attention heads, ring attention) compare the ranks'
+# combined outputs and the gradients with the unsplit computation the same way.
+def _parts_shaped(
+    check: str,
+    parts: list,
+    shape: torch.Size,
+    *,
+    what: str = "partial outputs",
+    per: str = "",
+    hint: str = "",
+) -> None:
+    if any(not isinstance(p, torch.Tensor) or p.shape != shape for p in parts):
+        fail(
+            check,
+            f"{what} have shapes {[tuple(getattr(p, 'shape', ())) for p in parts]}, "
+            f"expected {tuple(shape)}{per}",
+            hint,
+        )
+
+
+def _outputs_close(out: torch.Tensor, full: torch.Tensor, label: str, *, hint: str) -> float:
+    return close(out.detach(), full.detach(), what=f"{label}: outputs", rtol=1e-5, hint=hint)
+
+
+def _grads_close(
+    check: str,
+    label: str,
+    grads: Iterable[tuple[str, torch.Tensor | None, torch.Tensor]],
+    *,
+    hint: str = "",
+    rtol: float = 1e-5,
+    atol: float = 0.0,
+    skip: tuple[str, ...] = (),
+) -> float:
+    """Every (name, gradient, wanted) pair: a gradient arrives, and (unless skipped) it
+    equals the unsplit one. Returns the largest relative error."""
+    worst = 0.0
+    for name, got, want in grads:
+        if got is None:
+            fail(check, f"no gradient reaches {name}", hint)
+        if name not in skip:
+            worst = max(
+                worst,
+                close(got, want, what=f"{label}: gradient of {name}", rtol=rtol, atol=atol),
+            )
+    return worst
+
+
+def _sum_of_parts_agrees(
+    check: str,
+    label: str,
+    full: torch.Tensor,
+    parts: list,
+    params: Iterable[tuple[str, torch.Tensor]],
+    *,
+    bias: torch.Tensor | None = None,
+    shape_hint: str = "",
+    out_hint: str,
+    grad_hint: str = "",
+    rtol: float = 1e-5,
+    atol: float = 0.0,
+    skip: tuple[str, ...] = (),
+) -> float:
+    """A tensor-parallel split: the ranks' partial outputs summed (+ ``bias``) equal the
+    unsplit ``full``, and so do the gradients of Σ out² with respect to every parameter.
+    Returns the largest relative error."""
+    names, tensors = zip(*params)
+    want = torch.autograd.grad((full**2).sum(), tensors)
+    _parts_shaped(check, parts, full.shape, hint=shape_hint)
+    out = torch.stack(parts).sum(0) + (0 if bias is None else bias)
+    worst = _outputs_close(out, full, label, hint=out_hint)
+    got = torch.autograd.grad((out**2).sum(), tensors, allow_unused=True)
+    return max(
+        worst,
+        _grads_close(
+            check, label, zip(names, got, want), hint=grad_hint, rtol=rtol, atol=atol, skip=skip
+        ),
+    )
+
+
 def _mlp_case(seed: int, d: int = 8, hidden: int = 16):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3, 5, d, generator=g)
@@ -58,42 +138,21 @@ def check_mlp_column_row_shard(fn: Callable) -> float:
     for n in (1, 2, 4):
         x, w1, b1, w2, b2 = _mlp_case(n)
         params = [t.requires_grad_() for t in (w1, b1, w2)]
-        full = F.gelu(x @ w1.T + b1) @ w2.T + b2
-        (full**2).sum().backward()
-        want = [p.grad.clone() for p in params]
-        for p in params:
-            p.grad = None
-        parts = [fn(x, w1, b1, w2, r, n) for r in range(n)]
-        if any(not isinstance(p, torch.Tensor) or p.shape != full.shape for p in parts):
-            fail(
-                "mlp_column_row_shard",
-                f"partial outputs have shapes "
-                f"{[tuple(getattr(p, 'shape', ())) for p in parts]}, expected {tuple(full.shape)}",
-                "each rank returns a full-width (…, d) partial sum",
-            )
-        out = torch.stack(parts).sum(0) + b2  # what the all-reduce computes
         worst = max(
             worst,
-            close(
-                out.detach(),
-                full.detach(),
-                what=f"column→row split, n={n}: outputs",
-                rtol=1e-5,
-                hint="rank r takes rows r·h/n…(r+1)·h/n of W1 and b1 and the same columns of W2",
+            _sum_of_parts_agrees(
+                "mlp_column_row_shard",
+                f"column→row split, n={n}",
+                F.gelu(x @ w1.T + b1) @ w2.T + b2,
+                [fn(x, w1, b1, w2, r, n) for r in range(n)],
+                zip(("W1", "b1", "W2"), params),
+                bias=b2,  # what the all-reduce computes: the partial sums, then b2 once
+                shape_hint="each rank returns a full-width (…, d) partial sum",
+                out_hint="rank r takes rows r·h/n…(r+1)·h/n of W1 and b1 and the same "
+                "columns of W2",
+                grad_hint="compute with the tensors you were given (slices keep the graph)",
             ),
         )
-        (out**2).sum().backward()
-        for name, p, w in zip(("W1", "b1", "W2"), params, want):
-            if p.grad is None:
-                fail(
-                    "mlp_column_row_shard",
-                    f"no gradient reaches {name}",
-                    "compute with the tensors you were given (slices keep the graph)",
-                )
-            worst = max(
-                worst,
-                close(p.grad, w, what=f"column→row split, n={n}: gradient of {name}", rtol=1e-5),
-            )
     return worst
 
 
@@ -115,46 +174,21 @@ def check_attention_heads_shard(fn: Callable) -> float:
             for i in range(7)
         ]
         ws = [w.requires_grad_() for w in ws]
-        full = _attention(x, *ws, n_heads)
-        (full**2).sum().backward()
-        want = [w.grad.clone() for w in ws]
-        for w in ws:
-            w.grad = None
-        parts = [fn(x, *ws, n_heads, r, n) for r in range(n)]
-        if any(not isinstance(p, torch.Tensor) or p.shape != full.shape for p in parts):
-            fail(
-                "attention_heads_shard",
-                f"partial outputs have shapes "
-                f"{[tuple(getattr(p, 'shape', ())) for p in parts]}, expected {tuple(full.shape)}",
-            )
-        out = torch.stack(parts).sum(0)
         worst = max(
             worst,
-            close(
-                out.detach(),
-                full.detach(),
-                what=f"heads split, n={n}: outputs",
-                rtol=1e-5,
-                hint="rank r owns heads r·H/n…(r+1)·H/n: those rows of "
+            _sum_of_parts_agrees(
+                "attention_heads_shard",
+                f"heads split, n={n}",
+                _attention(x, *ws, n_heads),
+                [fn(x, *ws, n_heads, r, n) for r in range(n)],
+                zip(("Wq", "bq", "Wk", "bk", "Wv", "bv", "Wo"), ws),
+                out_hint="rank r owns heads r·H/n…(r+1)·H/n: those rows of "
                 "Wq, Wk, Wv (and biases) and those columns of Wo",
+                rtol=1e-4,
+                atol=1e-5,
+                skip=("bk",),  # zero in exact arithmetic: a key bias cannot change a softmax
             ),
         )
-        (out**2).sum().backward()
-        for name, w, ref in zip(("Wq", "bq", "Wk", "bk", "Wv", "bv", "Wo"), ws, want):
-            if w.grad is None:
-                fail("attention_heads_shard", f"no gradient reaches {name}")
-            if name == "bk":  # zero in exact arithmetic: a key bias cannot change a softmax
-                continue
-            worst = max(
-                worst,
-                close(
-                    w.grad,
-                    ref,
-                    what=f"heads split, n={n}: gradient of {name}",
-                    rtol=1e-4,
-                    atol=1e-5,
-                ),
-            )
     return worst
 
 
@@ -205,6 +239,27 @@ def check_schedule(run: Mapping) -> None:
     )
 
 
+_FLOOR = 1e-4  # timestamps near 1.7e9 s carry ~0.2 µs of rounding per block
+
+
+def _replayed(run: Mapping) -> tuple[float, float, float]:
+    """The run's measured bubble, the bubble its schedule replayed with its own block times
+    gives, and the replay's noise."""
+    rep = timeline.replay(run["events"], run.get("order") or run["schedule"])
+    return (
+        timeline.bubble_fraction(run["events"]),
+        rep.bubble,
+        timeline.replay_noise(run["events"], rep),
+    )
+
+
+def _bubble_what(run: Mapping) -> str:
+    return (
+        f"{run['schedule']} m={run['microbatches']}, {run['stages']} stages: "
+        "bubble = the schedule replayed with this run's block times"
+    )
+
+
 def check_bubble(run: Mapping, *, k: float = 4.0) -> float:
     """The measured bubble equals the bubble the run's schedule must have given its own
     measured block durations and overheads (:func:`lab_utils.timeline.replay`), within
@@ -213,30 +268,19 @@ def check_bubble(run: Mapping, *, k: float = 4.0) -> float:
     # Every timed step, when the run kept them: another program on the machine delays a
     # block now and then (one step), a stage that idles for a reason of its own does so in
     # every step. So the least disturbed step must agree; how many did is printed.
-    floor = 1e-4  # timestamps near 1.7e9 s carry ~0.2 µs of rounding per block
     steps = run.get("every_step_bubble") or []
     if len(steps) > 1:
-        gaps = [k * noise + floor - abs(measured - replayed) for measured, replayed, noise in steps]
+        gaps = [
+            k * noise + _FLOOR - abs(measured - replayed) for measured, replayed, noise in steps
+        ]
         measured, replayed, noise = steps[max(range(len(steps)), key=gaps.__getitem__)]
         which = (
             f" (the least disturbed of {len(steps)} timed steps; "
             f"{sum(g >= 0 for g in gaps)} of {len(steps)} agree)"
         )
     else:
-        rep = timeline.replay(run["events"], run.get("order") or run["schedule"])
-        measured, replayed = timeline.bubble_fraction(run["events"]), rep.bubble
-        noise, which = timeline.replay_noise(run["events"], rep), ""
-    return within_run(
-        measured,
-        replayed,
-        noise=noise,
-        k=k,
-        floor=floor,
-        what=f"{run['schedule']} m={run['microbatches']}, {run['stages']} stages: "
-        f"bubble = the schedule replayed with this run's block times{which}",
-        hint="a stage idled where the schedule gives it work: look for a wide "
-        "white gap on the timeline that no arrow of the schedule explains",
-    )
+        (measured, replayed, noise), which = _replayed(run), ""
+    return _bubble_within_run(measured, replayed, noise, what=_bubble_what(run) + which, k=k)
 
 
 def check_step_bubble(run: Mapping, *, k: float = 4.0) -> float | None:
@@ -247,17 +291,10 @@ def check_step_bubble(run: Mapping, *, k: float = 4.0) -> float | None:
     named, fails. Returns the margin (a share of the step), or None when the run cannot
     resolve it: where the allowed margin is at least the replayed bubble, a timeline with
     no idle time at all would agree too, so the comparison is shown, not passed."""
-    floor = 1e-4  # timestamps near 1.7e9 s carry ~0.2 µs of rounding per block
     # run["events"] is that step's timeline (pipeline_schedules.py keeps the fastest);
     # no step is picked here by how well it agrees.
-    rep = timeline.replay(run["events"], run.get("order") or run["schedule"])
-    measured, replayed = timeline.bubble_fraction(run["events"]), rep.bubble
-    noise = timeline.replay_noise(run["events"], rep)
-    what = (
-        f"{run['schedule']} m={run['microbatches']}, {run['stages']} stages: "
-        "bubble = the schedule replayed with this run's block times"
-    )
-    return bubble_agrees(measured, replayed, noise, what=what, k=k, floor=floor)
+    measured, replayed, noise = _replayed(run)
+    return bubble_agrees(measured, replayed, noise, what=_bubble_what(run), k=k, floor=_FLOOR)
 
 
 def bubble_agrees(
@@ -275,6 +312,12 @@ def bubble_agrees(
             "blocks this short vary by more than the bubble the schedule leaves",
         )
         return None
+    return _bubble_within_run(measured, replayed, noise, what=what, k=k, floor=floor)
+
+
+def _bubble_within_run(
+    measured: float, replayed: float, noise: float, *, what: str, k: float, floor: float = _FLOOR
+) -> float:
     return within_run(
         measured,
         replayed,
@@ -872,21 +915,22 @@ def check_ring_attention(fn: Callable) -> float:
         want = torch.autograd.grad((full * weight).sum(), (q, k, v))
         qs, ks, vs = ([ring.chunk(t, r, n) for r in range(n)] for t in (q, k, v))
         parts = [fn(qs[r], ks[r], vs[r], r, n, ring.simulated_ring(ks, vs, r)) for r in range(n)]
-        if any(not isinstance(p, torch.Tensor) or p.shape != qs[0].shape for p in parts):
-            fail(
-                "ring_attention",
-                f"outputs have shapes {[tuple(getattr(p, 'shape', ())) for p in parts]}, "
-                f"expected {tuple(qs[0].shape)} per rank",
-                "return this rank's rows of the output",
-            )
+        _parts_shaped(
+            "ring_attention",
+            parts,
+            qs[0].shape,
+            what="outputs",
+            per=" per rank",
+            hint="return this rank's rows of the output",
+        )
         out = torch.cat(parts, dim=2)
+        label = f"ring attention, {n} ranks"
         worst = max(
             worst,
-            close(
-                out.detach(),
-                full.detach(),
-                what=f"ring attention, {n} ranks: outputs",
-                rtol=1e-5,
+            _outputs_close(
+                out,
+                full,
+                label,
                 hint="NaN in the output: a query row with every score masked (−inf − "
                 "(−inf)); on the rank's own block mask only the future, j > i, and keep "
                 "the diagonal"
@@ -898,15 +942,13 @@ def check_ring_attention(fn: Callable) -> float:
             ),
         )
         got = torch.autograd.grad((out * weight).sum(), (q, k, v), allow_unused=True)
-        for name, gr, w in zip("qkv", got, want):
-            if gr is None:
-                fail(
-                    "ring_attention",
-                    f"no gradient reaches {name}",
-                    "compute with the tensors you were given and the blocks pass_kv returns",
-                )
-            worst = max(
-                worst,
-                close(gr, w, what=f"ring attention, {n} ranks: gradient of {name}", rtol=1e-5),
-            )
+        worst = max(
+            worst,
+            _grads_close(
+                "ring_attention",
+                label,
+                zip("qkv", got, want),
+                hint="compute with the tensors you were given and the blocks pass_kv returns",
+            ),
+        )
     return worst

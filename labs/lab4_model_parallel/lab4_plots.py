@@ -3,7 +3,7 @@ micro-batches, memory per rank, and bars of the training-state breakdown."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -13,6 +13,47 @@ from lab_utils import timeline
 KIND_COLORS = {"F": "#4c72b0", "B": "#55a868"}
 
 
+def _rank_rows(
+    events: Sequence[Mapping],
+    ax: plt.Axes,
+    colors: Mapping[str, str],
+    label: Callable[[Mapping], str],
+    *,
+    narrowest: int,
+    fontsize: int,
+    row: str,
+    alpha: Callable[[Mapping], float | None] = lambda e: None,
+) -> None:
+    """One row per rank, one box per block at its measured start and length (ms since the
+    step began), labelled where it is wider than 1/``narrowest`` of the step."""
+    t0, t1 = timeline.span(events)
+    ranks = sorted({e["rank"] for e in events})
+    for e in events:
+        x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
+        ax.broken_barh(
+            [(x, w)],
+            (e["rank"] - 0.4, 0.8),
+            facecolors=colors[e["kind"]],
+            alpha=alpha(e),
+            edgecolors="white",
+            linewidth=0.5,
+        )
+        if w > (t1 - t0) * 1e3 / narrowest:
+            ax.text(
+                x + w / 2,
+                e["rank"],
+                label(e),
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=fontsize,
+            )
+    ax.set_yticks(ranks, [f"{row} {r}" for r in ranks])
+    ax.set_ylim(max(ranks) + 0.6, -0.6)
+    ax.set_xlim(0, (t1 - t0) * 1e3)
+    ax.set_xlabel("ms since the step began")
+
+
 def schedule_grid(
     events: Sequence[Mapping], ax: plt.Axes | None = None, title: str = ""
 ) -> plt.Axes:
@@ -20,32 +61,8 @@ def schedule_grid(
     micro-batch, at its measured start and length; white space is idle time."""
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 1.6))
-    t0, t1 = timeline.span(events)
-    ranks = sorted({e["rank"] for e in events})
-    for e in events:
-        y = e["rank"]
-        x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
-        ax.broken_barh(
-            [(x, w)],
-            (y - 0.4, 0.8),
-            facecolors=KIND_COLORS[e["kind"]],
-            edgecolors="white",
-            linewidth=0.5,
-        )
-        if w > (t1 - t0) * 1e3 / 60:
-            ax.text(
-                x + w / 2,
-                y,
-                f"{e['kind']}{e['mb']}",
-                ha="center",
-                va="center",
-                color="white",
-                fontsize=7,
-            )
-    ax.set_yticks(ranks, [f"stage {r}" for r in ranks])
-    ax.set_ylim(max(ranks) + 0.6, -0.6)
-    ax.set_xlim(0, (t1 - t0) * 1e3)
-    ax.set_xlabel("ms since the step began")
+    label = lambda e: f"{e['kind']}{e['mb']}"
+    _rank_rows(events, ax, KIND_COLORS, label, narrowest=60, fontsize=7, row="stage")
     ax.set_title(title or f"bubble {timeline.bubble_fraction(events):.0%}", fontsize=9, loc="left")
     return ax
 
@@ -137,34 +154,14 @@ def stage_timeline(run: Mapping, ax: plt.Axes | None = None) -> plt.Axes:
     events = run["events"]
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 1.6))
-    t0, t1 = timeline.span(events)
-    ranks = sorted({e["rank"] for e in events})
-    firsts = {r: min(e["stage"] for e in events if e["rank"] == r) for r in ranks}
+    firsts: dict[int, int] = {}
     for e in events:
-        x, w = (e["start"] - t0) * 1e3, (e["end"] - e["start"]) * 1e3
-        later = e["stage"] != firsts[e["rank"]]
-        ax.broken_barh(
-            [(x, w)],
-            (e["rank"] - 0.4, 0.8),
-            facecolors=STAGE_KIND_COLORS[e["kind"]],
-            alpha=0.6 if later else 1.0,
-            edgecolors="white",
-            linewidth=0.5,
-        )
-        if w > (t1 - t0) * 1e3 / 45:
-            ax.text(
-                x + w / 2,
-                e["rank"],
-                f"{e['stage']}{e['kind']}{e['mb']}",
-                ha="center",
-                va="center",
-                color="white",
-                fontsize=6,
-            )
-    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
-    ax.set_ylim(max(ranks) + 0.6, -0.6)
-    ax.set_xlim(0, (t1 - t0) * 1e3)
-    ax.set_xlabel("ms since the step began")
+        firsts[e["rank"]] = min(e["stage"], firsts.get(e["rank"], e["stage"]))
+    label = lambda e: f"{e['stage']}{e['kind']}{e['mb']}"
+    shade = lambda e: 0.6 if e["stage"] != firsts[e["rank"]] else 1.0  # later stages paler
+    _rank_rows(
+        events, ax, STAGE_KIND_COLORS, label, narrowest=45, fontsize=6, row="rank", alpha=shade
+    )
     formula = run.get("formula_ratio")
     ax.set_title(
         f"{run['schedule']} (v={run['virtual']}), m={run['microbatches']}: bubble "
