@@ -1,6 +1,7 @@
-"""Lab 5: the exercises' checks (and that wrong answers fail them), the measurements the
-scripts make, and a killed-and-resumed run against an uninterrupted one. The parameter
-server's tests are in test_lab5_param_server.py.
+"""Lab 5: the exercises' checks (and that wrong answers fail them) and the measurements the
+scripts make. The parameter server's tests are in test_lab5_param_server.py; the
+killed-and-resumed run against an uninterrupted one is in test_lab5_systems.py, whose
+elastic jobs it shares.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO, processes_matching
+from conftest import REPO
 
 import lab5_checks as checks
 import lab5_solutions as solutions
@@ -157,50 +158,6 @@ def test_scripts_have_help():
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(" ok") == 4, proc.stdout
-
-
-# ------------------------------------------------------------------ jobs
-@pytest.mark.launcher
-@pytest.mark.slow
-def test_killed_rank_resumes_to_the_uninterrupted_weights(tmp_path):
-    def train(name: str, *extra: str, restarts: int = 0) -> tuple[launch.LaunchResult, dict]:
-        folder = tmp_path / name
-        args = [
-            "--steps",
-            "30",
-            "--n-train",
-            "1000",
-            "--n-test",
-            "100",
-            "--hidden",
-            "32",
-            "--ckpt-every",
-            "10",
-            "--ckpt-dir",
-            str(folder),
-            "--out",
-            str(folder / "final.pt"),
-            *extra,
-        ]
-        job = launch.run(
-            SCRIPTS / "elastic_train.py",
-            args,
-            nprocs=2,
-            timeout=180,
-            echo=False,
-            env=QUICK,
-            launcher_args=[f"--max-restarts={restarts}"],
-        ).check()
-        return job, torch.load(folder / "final.pt", weights_only=True)["state_dict"]
-
-    clean, a = train("clean")
-    killed, b = train("killed", "--kill-at", "25", restarts=1)
-    assert "rank 1: SIGKILL at step 25" in killed.output
-    assert "attempt 1: starting at step 20" in killed.output
-    starts = [m for m in killed.metrics if m["event"] == "elastic_start"]
-    assert [(m["attempt"], m["step"]) for m in starts] == [(0, 0), (1, 20)]
-    checks.check_resume_equal(b, a)
-    assert processes_matching(str(SCRIPTS / "elastic_train.py")) == []
 
 
 def test_every_notebook_and_script_is_in_the_lab_readme():

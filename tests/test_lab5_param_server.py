@@ -234,48 +234,25 @@ def test_the_adam_exercise_cell_follows_the_exercise_convention():
 
 
 # ------------------------------------------------------------------ jobs
-@pytest.mark.launcher
-def test_simulated_compute_with_a_straggler_gives_the_counted_staleness(capsys):
-    workers, steps, k, delay = 3, 12, 3, 0.05
-    job = ps_job(
-        [
-            "--mode",
-            "async",
-            "--steps",
-            steps,
-            "--delay",
-            delay,
-            "--straggler",
-            k,
-            "--n-train",
-            500,
-            "--n-test",
-            100,
-            "--hidden",
-            32,
-        ],
-        nprocs=1 + workers,
-    ).check()
-    s = next(m for m in job.metrics if m["event"] == "ps_summary")
-    assert (s["steps"], s["delay"], s["straggler"]) == (steps, delay, k)
-    per = checks.staleness_by_worker(s)
-    assert [per[w]["n"] for w in range(workers)] == [steps, steps, steps // k]
-    checks.check_async_server(s)
-    checks.check_staleness_prediction(s)
-    assert "K·(W − 1) = 6" in capsys.readouterr().out
-    assert s["wall_s"] >= steps * delay  # a sleep never ends early: the compute was simulated
+# One asynchronous job serves the straggler's staleness and the accuracy curve (each test
+# reads other facts of it): 2 shards and 3 workers, the last one K times slower.
+WORKERS, SHARDS, STEPS, K, DELAY = 3, 2, 12, 3, 0.05
 
 
-@pytest.mark.launcher
-def test_the_accuracy_curve_is_the_servers_model_over_the_whole_run():
-    job = ps_job(
+@pytest.fixture(scope="module")
+def async_job(tmp_path_factory) -> launch.LaunchResult:
+    return ps_job(
         [
             "--mode",
             "async",
             "--shards",
-            2,
+            SHARDS,
             "--steps",
-            20,
+            STEPS,
+            "--delay",
+            DELAY,
+            "--straggler",
+            K,
             "--snapshots",
             4,
             "--n-train",
@@ -285,12 +262,31 @@ def test_the_accuracy_curve_is_the_servers_model_over_the_whole_run():
             "--hidden",
             32,
         ],
-        nprocs=4,
+        nprocs=SHARDS + WORKERS,
+        tmp=tmp_path_factory.mktemp("ps_async"),
     ).check()
-    s = next(m for m in job.metrics if m["event"] == "ps_summary")
-    curve = [m for m in job.metrics if m["event"] == "ps_eval"]
+
+
+@pytest.mark.launcher
+def test_simulated_compute_with_a_straggler_gives_the_counted_staleness(async_job, capsys):
+    s = async_job.event("ps_summary")
+    assert (s["steps"], s["delay"], s["straggler"]) == (STEPS, DELAY, K)
+    assert (s["workers"], s["shards"]) == (WORKERS, SHARDS)
+    per = checks.staleness_by_worker(s)
+    assert [per[w]["n"] for w in range(WORKERS)] == [STEPS, STEPS, STEPS // K]
+    checks.check_async_server(s)
+    checks.check_staleness_prediction(s)
+    assert "K·(W − 1) = 6" in capsys.readouterr().out
+    assert s["wall_s"] >= STEPS * DELAY  # a sleep never ends early: the compute was simulated
+
+
+@pytest.mark.launcher
+def test_the_accuracy_curve_is_the_servers_model_over_the_whole_run(async_job):
+    s = async_job.event("ps_summary")
+    curve = async_job.events("ps_eval")
     checks.check_accuracy_curve(s, curve)  # from update 0 to the last, ending at final_acc
-    assert [p["updates"] for p in curve] == [0, 10, 20, 30, 40]
+    # Each shard applies 12 + 12 + 4 pushes: 4 snapshots evenly spaced over 28 updates.
+    assert [p["updates"] for p in curve] == [0, 7, 14, 21, 28]
     times = [p["t"] for p in curve]
     assert times == sorted(times) and times[0] == 0.0
     assert times[-1] == pytest.approx(s["last_update_s"]) and times[-1] <= s["wall_s"]
@@ -352,7 +348,7 @@ def test_sync_server_adam_equals_torch_adam_on_the_averaged_gradient(tmp_path):
         ],
         tmp=tmp_path,
     ).check()
-    summary = next(m for m in result.metrics if m["event"] == "ps_summary")
+    summary = result.event("ps_summary")
     assert summary["updates"] == steps and summary["gradients"] == 2 * steps
     # The same computation in one process: both workers' gradients at the same weights,
     # averaged, one torch.optim.Adam step.

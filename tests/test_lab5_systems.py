@@ -1,20 +1,23 @@
 """Lab 5 beyond the parameter server: EASGD's averaging baseline is synchronous SGD,
-elastic training starts afresh each run and refuses launchers that cannot restart it,
+a killed rank resumes to the uninterrupted run's weights, elastic training starts afresh
+each run and refuses launchers that cannot restart it,
 the graphs notebook runs without stderr, Hogwild's speed conclusion follows the numbers,
 the failure-cost figure draws the measured parts, and the README's commands name real
 paths."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, processes_matching
+from conftest import REPO, TEST_TAG, processes_matching
 
 import lab5_checks as checks
 import lab5_plots as plots
@@ -90,76 +93,105 @@ def test_easgd_sgd_at_tau_1_is_synchronous_sgd(tmp_path):
 
 
 # ------------------------------------------------------------------ elastic training
-def elastic_job(*extra: str, timeout: float = 180) -> launch.LaunchResult:
-    args = [
-        "--steps",
-        "30",
-        "--n-train",
-        "1000",
-        "--n-test",
-        "100",
-        "--hidden",
-        "32",
-        "--ckpt-every",
-        "10",
-        *extra,
-    ]
-    return launch.run(
-        SCRIPTS / "elastic_train.py",
-        args,
-        nprocs=2,
-        timeout=timeout,
-        echo=False,
-        env=QUICK,
-        launcher_args=["--max-restarts=1"],
+ELASTIC = SCRIPTS / "elastic_train.py"
+# The run every elastic job here trains: 30 steps, a checkpoint every 10.
+ELASTIC_ARGS = [
+    "--steps",
+    "30",
+    "--n-train",
+    "1000",
+    "--n-test",
+    "100",
+    "--hidden",
+    "32",
+    "--ckpt-every",
+    "10",
+]
+
+
+@dataclass
+class ElasticRuns:
+    """One uninterrupted run, and the same killed-and-restarted command run twice in a
+    row from one folder; each job's final weights."""
+
+    clean: launch.LaunchResult
+    clean_weights: dict[str, torch.Tensor]
+    killed: list[launch.LaunchResult]
+    killed_weights: list[dict[str, torch.Tensor]]
+    cwd: Path  # where the killed runs were started
+    runs: Path  # their LABS_RUNS
+    left: list  # their processes still alive after the last job
+
+
+@pytest.fixture(scope="module")
+def elastic_runs(tmp_path_factory) -> ElasticRuns:
+    """Three jobs serve the elastic tests (each test reads other facts of them): a
+    restart costs a fresh process per rank, so each killed job starts torch four times."""
+    out, cwd = tmp_path_factory.mktemp("elastic_out"), tmp_path_factory.mktemp("elastic_cwd")
+    runs = tmp_path_factory.mktemp("elastic_runs")
+    with pytest.MonkeyPatch.context() as mp:  # what conftest's per-test fixture gives a test
+        mp.setenv("LABS_RUNS", str(runs))
+        mp.setenv(TEST_TAG, uuid.uuid4().hex)
+
+        def job(name: str, *extra: str, restarts: int, at: Path) -> launch.LaunchResult:
+            return launch.run(
+                ELASTIC,
+                [*ELASTIC_ARGS, "--out", str(out / f"{name}.pt"), *extra],
+                nprocs=2,
+                timeout=180,
+                echo=False,
+                env=QUICK,
+                cwd=at,
+                launcher_args=[f"--max-restarts={restarts}"],
+            ).check()
+
+        def weights(name: str) -> dict[str, torch.Tensor]:
+            return torch.load(out / f"{name}.pt", weights_only=True)["state_dict"]
+
+        clean = job("clean", restarts=0, at=out)
+        # The README's command twice from the same folder: killed at step 25, resumed from 20.
+        killed = [job(f"killed{i}", "--kill-at", "25", restarts=1, at=cwd) for i in range(2)]
+        left = processes_matching(str(ELASTIC))
+    return ElasticRuns(
+        clean, weights("clean"), killed, [weights("killed0"), weights("killed1")], cwd, runs, left
     )
 
 
 @pytest.mark.launcher
 @pytest.mark.slow
-def test_elastic_runs_in_a_row_each_kill_and_restart(tmp_path):
+def test_killed_rank_resumes_to_the_uninterrupted_weights(elastic_runs):
+    killed = elastic_runs.killed[0]
+    assert "rank 1: SIGKILL at step 25" in killed.output
+    assert "attempt 1: starting at step 20" in killed.output
+    starts = killed.events("elastic_start")
+    assert [(m["attempt"], m["step"]) for m in starts] == [(0, 0), (1, 20)]
+    assert [m["attempt"] for m in elastic_runs.clean.events("elastic_start")] == [0]
+    checks.check_resume_equal(elastic_runs.killed_weights[0], elastic_runs.clean_weights)
+    assert elastic_runs.left == []
+
+
+@pytest.mark.launcher
+@pytest.mark.slow
+def test_elastic_runs_in_a_row_each_kill_and_restart(elastic_runs):
     # The same command twice from the same folder (the README's): each run starts from
     # step 0 in a folder of its own, is killed at step 25 and resumes from step 20.
     folders, sums = [], []
-    for _ in range(2):
-        job = launch.run(
-            SCRIPTS / "elastic_train.py",
-            [
-                "--steps",
-                "30",
-                "--n-train",
-                "1000",
-                "--n-test",
-                "100",
-                "--hidden",
-                "32",
-                "--ckpt-every",
-                "10",
-                "--kill-at",
-                "25",
-            ],
-            nprocs=2,
-            timeout=180,
-            echo=False,
-            env=QUICK,
-            cwd=tmp_path,
-            launcher_args=["--max-restarts=1"],
-        ).check()
+    for job in elastic_runs.killed:
         assert "rank 1: SIGKILL at step 25" in job.output
-        starts = [m for m in job.metrics if m["event"] == "elastic_start"]
+        starts = job.events("elastic_start")
         assert [(m["attempt"], m["step"]) for m in starts] == [(0, 0), (1, 20)]
-        kill = next(m for m in job.metrics if m["event"] == "elastic_kill")
+        kill = job.event("elastic_kill")
         assert kill["step"] - starts[1]["step"] == 5  # steps redone: a count
         assert starts[1]["ready"] > kill["time"]  # the restart took time after the kill
-        assert sum(m["event"] == "elastic_ckpt" for m in job.metrics) == 3  # 10, 20 (again), 30
-        done = next(m for m in job.metrics if m["event"] == "elastic_done")
+        assert len(job.events("elastic_ckpt")) == 3  # 10, 20 (again), 30
+        done = job.event("elastic_done")
         assert done["steps_run"] == 10 and done["step_s"] > 0
         folders.append(starts[0]["ckpt_dir"])
         sums.append(done["checksum"])
     assert folders[0] != folders[1] and sums[0] == sums[1]
-    assert all(str(f).startswith(os.environ["LABS_RUNS"]) for f in folders)
-    assert not any(tmp_path.iterdir())  # nothing written into the working directory
-    assert processes_matching(str(SCRIPTS / "elastic_train.py")) == []
+    assert all(str(f).startswith(str(elastic_runs.runs)) for f in folders)
+    assert not any(elastic_runs.cwd.iterdir())  # nothing written into the working directory
+    assert elastic_runs.left == []
 
 
 def test_elastic_first_attempt_refuses_a_used_checkpoint(tmp_path):
@@ -176,7 +208,7 @@ def test_elastic_first_attempt_refuses_a_used_checkpoint(tmp_path):
 @pytest.mark.launcher
 def test_elastic_refuses_mpirun(tmp_path):
     job = launch.run(
-        SCRIPTS / "elastic_train.py",
+        ELASTIC,
         ["--steps", "5", "--n-train", "1000"],
         nprocs=2,
         launcher="mpirun",

@@ -5,7 +5,10 @@ unlabelled fence) and the table cells that hold a command and nothing else (Lab 
 Scripts table). A command stands in its README's folder unless the prose before it says
 "from the repository root" ("from this folder" confirms the default). Each runs in a copy
 of the repository (what it writes stays out of the checkout) with ``LABS_PROFILE=quick``,
-the virtual environment's ``bin`` first on ``PATH`` and a timeout.
+the virtual environment's ``bin`` first on ``PATH`` and a timeout. The command-line
+trainer's commands under a launcher are also checked for what its ranks print: rank 0
+alone reports, in a world of the processes asked for (tests/test_cli.py launches it
+under torchrun only).
 
 What cannot run here is listed in ``NOT_RUN`` with the reason; the files such a command
 names must still exist from where it stands. Every other command is run, so a command a
@@ -295,6 +298,7 @@ def checkout(tmp_path_factory) -> Path:
     skip = {
         ".venv",
         ".git",
+        ".gpu_bundle",  # the GPU machine's wheels and data (CONTRIBUTING.md): 39 MB no command reads
         "__pycache__",
         ".pytest_cache",
         ".ruff_cache",
@@ -366,6 +370,32 @@ def what_went_wrong(output: str, errors: int = 8, tail: int = 15) -> str:
     return "\n".join([*named, *(["..."] if named else []), *lines[-tail:]])
 
 
+# The command-line trainer under a launcher (README.md): tests/test_cli.py launches it under
+# torchrun only, and these runs check the rest. The count of processes a command asks for.
+CLI_LAUNCHERS = ("torchrun", "mpirun", "horovodrun")
+NPROCS = re.compile(r"(?:--nproc-per-node|-np)[ =](\d+)")
+
+
+def cli_launch(command: Command) -> tuple[str, int] | None:
+    """The launcher and process count of a command that starts the command-line trainer
+    (``lab_utils.cli``) under one, else None."""
+    words = command.key.split()
+    if "lab_utils.cli" not in words or words[0] not in CLI_LAUNCHERS:
+        return None
+    found = NPROCS.search(command.key)
+    return words[0], int(found.group(1)) if found else 1
+
+
+def check_cli_output(launcher: str, nprocs: int, output: str) -> None:
+    """What each rank of the trainer printed: rank 0 alone reports, once, and saw the
+    launcher's world (not ``nprocs`` separate one-process runs)."""
+    assert f"{launcher} world_size={nprocs}" in output, (
+        f"rank 0 did not report a {launcher} job of {nprocs} processes:\n{output[-1500:]}"
+    )
+    reports = output.count("test accuracy")
+    assert reports == 1, f"{reports} reports of the test accuracy (only rank 0 reports)"
+
+
 def needs(command: Command) -> list[pytest.MarkDecorator]:
     """Skips for the tools a command needs that this machine lacks."""
     words = command.text.split()
@@ -387,6 +417,8 @@ def test_readme_command_runs(command: Command, checkout: Path) -> None:
     tail = what_went_wrong(output)
     assert status is not None, f"{command}\nstill running after {TIMEOUT_S} s:\n{tail}"
     assert status == 0, f"{command}\nexit status {status}:\n{tail}"
+    if (cli := cli_launch(command)) is not None:
+        check_cli_output(*cli, output)
 
 
 # --------------------------------------------------------------------------- not run
@@ -464,6 +496,23 @@ def test_the_readmes_hold_commands_to_run() -> None:
         "labs/lab2_data_parallel/README.md",
         "labs/lab4_model_parallel/README.md",
     }
+
+
+def test_the_readme_starts_the_cli_under_each_launcher() -> None:
+    """tests/test_cli.py leaves mpirun and horovodrun to these commands' runs."""
+    assert {cli[0] for c in TO_RUN if (cli := cli_launch(c))} == set(CLI_LAUNCHERS)
+
+
+def test_the_cli_output_check_fails_for_every_rank_reporting() -> None:
+    one = "quick | mpirun world_size=2 | fashion-mnist\ntest accuracy 80.00% (loss 0.5)\n"
+    check_cli_output("mpirun", 2, one)
+    with pytest.raises(AssertionError, match="2 reports"):
+        check_cli_output("mpirun", 2, one + "test accuracy 80.00% (loss 0.5)\n")
+    with pytest.raises(AssertionError, match="did not report"):
+        check_cli_output("mpirun", 2, one.replace("mpirun world_size=2", "single world_size=1"))
+    readme = Command("README.md", 1, "mpirun -np 2 python -m lab_utils.cli --epochs 1", "")
+    assert cli_launch(readme) == ("mpirun", 2)
+    assert cli_launch(Command("README.md", 1, "lab-train --epochs 4", "")) is None
 
 
 def test_blocks_tables_and_where_to_stand_are_read(tmp_path: Path) -> None:
