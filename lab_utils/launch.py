@@ -110,11 +110,7 @@ class LaunchResult:
     def events(self, name: str, **fields: Any) -> list[dict[str, Any]]:
         """Every record rank 0 emitted as event ``name``, in the order it emitted them;
         ``fields`` keeps those whose fields have these values (``attempt=1``)."""
-        return [
-            m
-            for m in self.metrics
-            if m.get("event") == name and all(k in m and m[k] == v for k, v in fields.items())
-        ]
+        return lmetrics.events(self.metrics, name, **fields)
 
     def event(self, name: str, **fields: Any) -> dict[str, Any]:
         """The one record rank 0 emitted as event ``name`` (with these ``fields``).

@@ -44,6 +44,17 @@ def emit(record: dict[str, Any], path: str | os.PathLike | None = None) -> None:
             f.write(line)
 
 
+def events(records: list[dict[str, Any]], name: str, **fields: Any) -> list[dict[str, Any]]:
+    """The records of event ``name``, in order; ``fields`` keeps those whose fields have
+    these values (``algo="ring"``). ``launch.LaunchResult.events`` is this on a job's
+    records."""
+    return [
+        r
+        for r in records
+        if r.get("event") == name and all(k in r and r[k] == v for k, v in fields.items())
+    ]
+
+
 def read(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Read a JSON-lines file back; a missing file gives an empty list."""
     path = Path(path)

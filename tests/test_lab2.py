@@ -97,7 +97,7 @@ def run(
 
 
 def summary(result: launch.LaunchResult) -> dict:
-    rows = [m for m in result.metrics if m.get("event") == "summary"]
+    rows = result.events("summary")
     assert len(rows) == 1, result.output[-3000:]
     return rows[0]
 
@@ -389,7 +389,7 @@ def test_two_torchrun_nodes_form_one_job_on_the_cifar_stand_in(tmp_path):
         assert "--nnodes=2" in node.command and "--rdzv-backend=c10d" in node.command, k
         assert "--standalone" not in node.command
     assert nodes[0].command[-len(args) :] == args
-    s = [m for n in nodes for m in n.metrics if m.get("event") == "summary"]
+    s = [m for n in nodes for m in n.events("summary")]
     assert len(s) == 1
     assert (s[0]["world_size"], s[0]["launcher"], s[0]["steps"]) == (2, "torchrun", 2)
     assert models.load(tmp_path / "c.pt").arch_spec["arch"] == "resnet_cifar"

@@ -37,10 +37,6 @@ def run(script: str, args, *, nprocs: int, timeout: float = 240, env=None) -> la
     )
 
 
-def events_of(result: launch.LaunchResult, kind: str) -> list[dict]:
-    return [m for m in result.metrics if m.get("event") == kind]
-
-
 # ------------------------------------------------------------------ exercises
 def test_reference_solutions_pass_their_checks():
     checks.check_training_state_bytes(solutions.training_state_bytes)
@@ -187,11 +183,11 @@ def test_script_help_shows_the_profile_defaults(name, capsys, monkeypatch):
 def test_tensor_parallel_on_4_ranks(tmp_path):
     ckpt = tmp_path / "tp4.pt"
     result = run("tensor_parallel.py", [*TINY, "--checkpoint", ckpt], nprocs=4).check()
-    block = events_of(result, "mlp_block")[0]
+    block = result.events("mlp_block")[0]
     checks.check_equal(block["err_hand"], what="by hand")
     checks.check_equal(block["err_dtensor"], what="DTensor")
     assert block["dtensor_comm_counts"] == {"all_reduce": 2}
-    train = events_of(result, "tp_train")[0]
+    train = result.events("tp_train")[0]
     checks.check_equal(train["weights_rel_err"], what="trained", tol=1e-4)
     layers = TINY[TINY.index("--layers") + 1]
     # one f per attention (PrepareModuleInput): Megatron's 4 all-reduces per block, and
@@ -206,9 +202,9 @@ def test_tensor_parallel_on_4_ranks(tmp_path):
 def test_sharded_on_4_ranks(tmp_path):
     ckpt = tmp_path / "fsdp4.pt"
     result = run("sharded.py", [*TINY, "--steps", "2", "--checkpoint", ckpt], nprocs=4).check()
-    psi = events_of(result, "one_process")[0]["psi"]
+    psi = result.events("one_process")[0]["psi"]
     stage = {"ddp": 0, "zero1": 1, "fsdp": 3}
-    for r in events_of(result, "sharded"):
+    for r in result.events("sharded"):
         checks.check_equal(r["weights_rel_err"], what=r["strategy"], tol=1e-4)
         worst = {k: max(x[k] for x in r["per_rank"]) for k in ("params", "grads", "optimizer")}
         # ZeRO-1 hands out whole tensors: with 4 ranks and a tiny model its shards are uneven

@@ -22,10 +22,6 @@ QUICK = {"LABS_PROFILE": "quick"}
 TINY = tiny_transformer(steps=None)
 
 
-def events_of(result: launch.LaunchResult, kind: str) -> list[dict]:
-    return [m for m in result.metrics if m.get("event") == kind]
-
-
 # ------------------------------------------------------------------ the trace reader
 def x(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
     return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat}
@@ -311,8 +307,8 @@ def hand_ddp_runs():
         echo=False,
         env=QUICK,
     ).check()
-    runs = {m["bug"]: m for m in events_of(result, "equivalence")}
-    (buckets,) = events_of(result, "buckets")
+    runs = {m["bug"]: m for m in result.events("equivalence")}
+    (buckets,) = result.events("buckets")
     return runs, buckets["caps"]
 
 
@@ -367,7 +363,7 @@ def test_profile_ddp_under_mpirun(tmp_path):
         echo=False,
         env=dict(QUICK, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1")),
     ).check()
-    (run,) = events_of(result, "trace")
+    (run,) = result.events("trace")
     assert run["buckets"] > 1
     for path in run["paths"]:
         t = trace.load(path)
@@ -392,8 +388,8 @@ def test_zero2_sends_ddps_bytes_and_zero_redundancy_optimizer_more():
         echo=False,
         env=QUICK,
     ).check()
-    (shape,) = events_of(result, "model")
-    runs = {m["strategy"]: m for m in events_of(result, "counted")}
+    (shape,) = result.events("model")
+    runs = {m["strategy"]: m for m in result.events("counted")}
     n, psi = shape["procs"], shape["psi"]
     sent = {s: checks.ring_bytes_per_rank(r["bytes"], n) for s, r in runs.items()}
     assert set(runs["zero2"]["bytes"]) == {"reduce_scatter", "all_gather"}

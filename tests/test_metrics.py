@@ -27,3 +27,18 @@ def test_read_skips_a_truncated_line(tmp_path):
     path.write_text(json.dumps({"a": 1}) + "\n" + '{"a": 2, "b"')
     assert metrics.read(path) == [{"a": 1}]
     assert metrics.read(tmp_path / "missing.jsonl") == []
+
+
+def test_events_picks_records_by_name_and_fields_in_order():
+    records = [
+        {"event": "timing", "algo": "ring", "ms": 1},
+        {"event": "bucket", "algo": "ring"},
+        {"event": "timing", "algo": "gloo", "ms": 2},
+        {"event": "timing", "algo": "ring", "ms": 3},
+        {"no_event": "timing"},
+    ]
+    assert [r["ms"] for r in metrics.events(records, "timing")] == [1, 2, 3]
+    assert [r["ms"] for r in metrics.events(records, "timing", algo="ring")] == [1, 3]
+    # a field the record lacks never matches, even when asked for None
+    assert metrics.events(records, "bucket", ms=None) == []
+    assert metrics.events(records, "eval") == []

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import lab2_solutions as reference
-from lab_utils import collectives
+from lab_utils import collectives, metrics
 from lab_utils.checks import close, fail, passed, that
 
 
@@ -262,7 +262,7 @@ def check_accuracy_holds(val_acc: Mapping[int, float]) -> None:
 # ---------------------------------------------------------------- science claims
 def check_ring_matches(records: Sequence[Mapping[str, Any]], tol: float = 1e-5) -> None:
     """The ring's result equals ``dist.all_reduce``'s for every group size and length."""
-    checked = [r for r in records if r.get("event") == "ring_check"]
+    checked = metrics.events(records, "ring_check")
     that(
         bool(checked),
         what="the job reported ring checks",
@@ -327,9 +327,7 @@ def check_equivalence(
 
 def check_buckets(records: Sequence[Mapping[str, Any]]) -> None:
     """A smaller ``bucket_cap_mb`` splits the gradients into more all-reduce calls."""
-    rows = sorted(
-        (r for r in records if r.get("event") == "bucket"), key=lambda r: r["bucket_cap_mb"]
-    )
+    rows = sorted(metrics.events(records, "bucket"), key=lambda r: r["bucket_cap_mb"])
     that(len(rows) >= 2, what="at least two bucket sizes were measured")
     calls = [r["allreduce_calls_per_step"] for r in rows]
     that(
@@ -343,7 +341,7 @@ def check_buckets(records: Sequence[Mapping[str, Any]]) -> None:
 
 def check_no_sync(records: Sequence[Mapping[str, Any]]) -> None:
     """With ``no_sync`` over k micro-batches, DDP all-reduces once per k micro-batches."""
-    rows = {r["accum"]: r for r in records if r.get("event") == "accum"}
+    rows = {r["accum"]: r for r in metrics.events(records, "accum")}
     that(1 in rows and len(rows) >= 2, what="accumulation 1 and k were measured")
     base = rows[1]["allreduce_calls_per_micro_batch"]
     for k, row in sorted(rows.items()):

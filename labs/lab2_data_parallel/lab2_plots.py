@@ -12,6 +12,7 @@ import numpy as np
 from matplotlib.patches import FancyArrowPatch, Rectangle
 
 from lab2_horovod_timeline import Span
+from lab_utils import metrics
 
 RANK_COLORS = plt.get_cmap("tab10").colors
 
@@ -218,7 +219,7 @@ def allreduce_times(
     fitted α–β model ``fit = {"latency_s", "bandwidth", "world_size"}`` dashed."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
-    rows = [r for r in records if r.get("event") == "timing"]
+    rows = metrics.events(records, "timing")
     for algo in dict.fromkeys(r["algo"] for r in rows):
         pts = sorted((r["nbytes"], r["seconds"]) for r in rows if r["algo"] == algo)
         ax.plot([p[0] for p in pts], [p[1] * 1e3 for p in pts], marker="o", label=algo)
@@ -252,7 +253,7 @@ def fit_ring_model(
 ) -> dict[str, float]:
     """Least-squares α (latency) and B (bandwidth) of ``T = 2(N−1)α + 2(N−1)/N·S/B``
     from the timing records of one algorithm."""
-    rows = [r for r in records if r.get("event") == "timing" and r["algo"] == algo]
+    rows = metrics.events(records, "timing", algo=algo)
     if len(rows) < 2:
         raise ValueError(f"need at least two sizes timed for {algo!r}, got {len(rows)}")
     n = rows[0]["world_size"]
@@ -332,10 +333,8 @@ def _bars_and_calls(
 def ddp_knobs(records: Sequence[Mapping[str, Any]]) -> plt.Figure:
     """Bucket size (all-reduce calls and time per step) and no_sync accumulation
     (all-reduce calls and time per micro-batch), from ``ddp_bench.py``'s records."""
-    buckets = sorted(
-        (r for r in records if r.get("event") == "bucket"), key=lambda r: r["bucket_cap_mb"]
-    )
-    accum = sorted((r for r in records if r.get("event") == "accum"), key=lambda r: r["accum"])
+    buckets = sorted(metrics.events(records, "bucket"), key=lambda r: r["bucket_cap_mb"])
+    accum = sorted(metrics.events(records, "accum"), key=lambda r: r["accum"])
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
     _bars_and_calls(
         ax1,
