@@ -4,9 +4,10 @@ Each lab keeps one :class:`Settings`: every size that differs between the ``quic
 ``cpu`` and ``gpu`` profiles is a :class:`By`, every other a plain value. Its notebooks
 read it (``S = settings.of()``, then ``S.d_model``), its scripts take their defaults
 from it, and a notebook turns the same values into the script's command line
-(``settings.args("d_model", "layers")`` -> ``["--d-model", "64", "--layers", "2"]``), so
-a size is never written twice, and a notebook and the script it launches cannot
-disagree::
+(``options(d_model=D_MODEL, layers=LAYERS)`` -> ``["--d-model", "64", "--layers", "2"]``,
+from the names its ``parameters`` cell read; ``settings.args("d_model", "layers")`` where
+no name is needed), so a size is never written twice, and a notebook and the script it
+launches cannot disagree::
 
     MODEL = Settings(d_model=By(quick=64, cpu=128, gpu=512), heads=4)
     MODEL.of("cpu").d_model        # 128
@@ -110,7 +111,15 @@ class Settings:
         unknown = [n for n in names if n not in values]
         if unknown:
             raise KeyError(f"no setting {', '.join(unknown)}; there are: {', '.join(values)}")
-        out: list[str] = []
-        for n in names:
-            out += [option(n), *_arg(values[n])]
-        return out
+        return options(**{n: values[n] for n in names})
+
+
+def options(**values: Any) -> list[str]:
+    """A script's command line from named values, in the order given: lists become
+    several values, ``options(d_model=64, sizes_kb=[4, 16])`` ->
+    ``["--d-model", "64", "--sizes-kb", "4", "16"]``. A notebook builds its launch from
+    the names its ``parameters`` cell set, so editing a name there changes the run."""
+    out: list[str] = []
+    for name, value in values.items():
+        out += [option(name), *_arg(value)]
+    return out

@@ -6,7 +6,8 @@ tests run, by what they size.
 ``train_horovod_spark.py``), so ``torchrun train_ddp.py`` with no options runs the
 profile's sizes; the others are what each notebook launches on top of them. Each
 :class:`Settings` names its values as the script it launches names its options, so a
-notebook builds the command line with ``.args(...)``.
+notebook builds the command line from the names its parameters cell reads them into
+(``lab_utils.settings.options(steps=STEPS, ...)``) and a test with ``.args(...)``.
 """
 
 from __future__ import annotations

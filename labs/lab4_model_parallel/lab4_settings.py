@@ -6,7 +6,8 @@ steps of Labs 4, 6 and 7) are :data:`lab_utils.parallel.MODEL`; what is here is 
 Lab 4 chooses on top of it: process counts, the runs' steps and blocks, and a model
 that differs from ``MODEL`` where a notebook needs another (the pipelines' batch must
 cut into 8 micro-batches). Each :class:`Settings` names its values as the script it
-launches names its options, so a notebook builds the command line with ``.args(...)``.
+launches names its options, so a notebook builds the command line from the names its parameters cell reads them into
+(``lab_utils.settings.options(steps=STEPS, ...)``) and a test with ``.args(...)``.
 """
 
 from __future__ import annotations
