@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "schedules": "lab4_schedules",
     "lab6_cost": "lab6_cost",
     "lab6_ddp": "lab6_ddp",
+    "lab7_link": "lab7_link",
 }
 
 

@@ -201,6 +201,11 @@ JOBS = {
     "allreduce_sweep": Job(LAB7 / "allreduce_sweep.py", ("--sizes-kb", "4", "--repeats", "1")),
     "compressed_ddp": Job(LAB7 / "compressed_ddp.py", (*TRANSFORMER, "--hooks", "powersgd")),
     "local_sgd": Job(LAB7 / "local_sgd.py", (*TRANSFORMER, "--periods", "2")),
+    "diloco": Job(
+        LAB7 / "diloco.py",
+        (*TRANSFORMER, "--steps", "2", "--periods", "2", "--fragments", "2", "--check-period", "0"),
+    ),
+    "compare_methods": Job(LAB7 / "compare_methods.py", (*TRANSFORMER, "--period", "1")),
     "reference_ddp": Job(
         REPO / "assessment" / "solutions" / "reference_ddp.py",
         ("--dataset", "synthetic-cifar10", "--epochs", "1"),

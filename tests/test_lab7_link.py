@@ -423,20 +423,29 @@ def test_the_byte_check_fails_when_the_ranks_talk_past_the_link():
 
 
 def test_the_slow_link_check_fails_on_a_time_the_bucket_forbids():
-    """At 50 Mbit/s 1 MB on the link takes at least (1 MB − burst − 4 packets)/rate
-    ≈ 147 ms: a run that took 100 ms was not on that link; an unshaped loopback as slow
-    as the link shows nothing about the link."""
+    """At 50 Mbit/s 1 MB on the link takes at least (1 MB − burst)/rate ≈ 149.5 ms, less
+    one packet's allowance (2.6 ms): a run that took 100 ms was not on that link; an
+    unshaped loopback as slow as the link shows nothing about the link. Each repetition
+    is held to its own bytes: the mean must not let a repetition that carried more off."""
     rate = 50e6 / 8
     L = 1_000_000
-    bound = (L - BURST - 4 * (MTU + 14)) / rate
-    shaped = _sweep([L // 2], [L], [[bound * 1.01] * 3])
+    exact = (L - BURST) / rate
+    allowed = exact - (MTU + 14) / rate
+    shaped = _sweep([L // 2], [L], [[exact * 1.001] * 3])
     fast = _sweep([L // 2], [L], [[0.002, 0.003, 0.002]])
     kw = {"rate_mbit": 50, "burst_bytes": BURST, "mtu": MTU}
     checks.check_link_is_slow(shaped, fast, **kw)
+    checks.check_link_is_slow(_sweep([L // 2], [L], [[allowed * 1.001] * 3]), fast, **kw)
     with pytest.raises(CheckFailed, match="beat the token bucket"):
-        checks.check_link_is_slow(_sweep([L // 2], [L], [[bound * 1.01, 0.1, bound]]), fast, **kw)
+        checks.check_link_is_slow(_sweep([L // 2], [L], [[exact, 0.1, exact]]), fast, **kw)
+    with pytest.raises(CheckFailed, match="beat the token bucket"):
+        checks.check_link_is_slow(_sweep([L // 2], [L], [[allowed * 0.999] * 3]), fast, **kw)
+    # the mean L is 1 MB, but the second repetition carried 1.1 MB in the time 1 MB needs
+    paired = {**shaped, "link_bytes_each": [[0.9 * L, 1.1 * L, L]]}
+    with pytest.raises(CheckFailed, match="L = 1,100,000 B"):
+        checks.check_link_is_slow(paired, fast, **kw)
     with pytest.raises(CheckFailed, match="unshaped loopback"):
-        checks.check_link_is_slow(shaped, _sweep([L // 2], [L], [[bound] * 3]), **kw)
+        checks.check_link_is_slow(shaped, _sweep([L // 2], [L], [[exact] * 3]), **kw)
 
 
 def test_the_step_check_fails_on_a_step_faster_than_its_bytes():
@@ -445,7 +454,15 @@ def test_the_step_check_fails_on_a_step_faster_than_its_bytes():
         "variants": {"naive": [0.16, 0.17], "DDP": [0.15, 0.16], "no communication": [0.01]},
     }
     kw = {"rate_mbit": 50, "burst_bytes": BURST, "mtu": MTU}
-    assert 0.13 < checks.check_steps_bound(ddp, **kw) < 0.14  # (1 MB − 64 KiB − 4 packets)/rate
+    assert 0.149 < checks.check_steps_bound(ddp, **kw) < 0.150  # (1 MB − 64 KiB)/rate
     ddp["variants"]["DDP"] = [0.15, 0.1]  # faster than 1 MB can cross at 50 Mbit/s
     with pytest.raises(CheckFailed, match="DDP: fastest 100.0 ms <"):
         checks.check_steps_bound(ddp, **kw)
+    # with each step's own bytes and span: the second DDP step carried 1.1 MB in 0.16 s
+    ddp["variants"]["DDP"] = [0.15, 0.16]
+    ddp["link_bytes_each"] = {"naive": [1_000_000] * 2, "DDP": [900_000, 1_100_000]}
+    ddp["spans"] = {"naive": [0.16, 0.17], "DDP": [0.15, 0.16]}
+    with pytest.raises(CheckFailed, match="DDP: fastest 160.0 ms <"):
+        checks.check_steps_bound(ddp, **kw)
+    ddp["spans"]["DDP"] = [0.15, 0.17]
+    checks.check_steps_bound(ddp, **kw)

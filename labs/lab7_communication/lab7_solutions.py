@@ -35,3 +35,17 @@ def bf16_hook(process_group: Any, bucket: Any) -> torch.futures.Future:
         return buffer
 
     return future.then(decompress)
+
+
+def pseudo_gradient(
+    before: list[torch.Tensor], after: list[torch.Tensor], world_size: int
+) -> list[torch.Tensor]:
+    """DiLoCo's outer gradient: θ_before − θ_after of every tensor (the global weights
+    minus this rank's after its H inner steps), summed over the ranks with
+    ``dist.all_reduce`` and divided by ``world_size``: the mean over ranks. New tensors;
+    ``before`` and ``after`` are left as they were."""
+    deltas = [b - a for b, a in zip(before, after, strict=True)]
+    for d in deltas:
+        dist.all_reduce(d)
+        d /= world_size
+    return deltas

@@ -17,8 +17,9 @@ script
    the loopback's own speed;
 4. with --ddp, times Lab 6.5's naive and overlapped hand-made DDP, PyTorch's DDP and the
    same step without communication on the character transformer, in rounds that visit
-   every rate and every variant (the orders reversed every other round), and counts the
-   link bytes of one step of each.
+   every rate and every variant (the orders reversed every other round): each step's time
+   on rank 0's clock, its span from the first rank's start to the last rank's end, and
+   the link bytes of each step that communicates.
 
 Sizes whose all-reduce would take longer than --max-seconds at a rate are left out there.
 Outside a slow link (``--rates`` not given) it measures the link it runs on, without
@@ -30,14 +31,16 @@ byte counts; alone (one process) nothing crosses any link, and it says so.
 
 Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
     link: procs, backend, device, shaped, counted, burst_bytes, latency_ms, mtu, rates
-    sweep: rate_mbit, sizes, seconds, link_bytes, barrier_bytes, drops, fill_s
+    sweep: rate_mbit, sizes, seconds, link_bytes (mean per size), link_bytes_each (per
+        size, per repetition, paired with seconds), barrier_bytes, drops, fill_s
         (one per rate)
-    ddp: rate_mbit, bucket_kb, buckets, bucket_bytes, psi_bytes, repeats, variants,
-        backward_s, link_bytes (one per rate, with --ddp)
+    ddp: rate_mbit, bucket_kb, buckets, bucket_bytes, psi_bytes, repeats, variants
+        (rank 0's step times), spans (first rank's start to last rank's end, per round),
+        backward_s, link_bytes (first round), link_bytes_each (per round, paired with
+        spans) (one per rate, with --ddp)
 """
 
 import argparse
-import dataclasses
 import statistics
 import sys
 import time
@@ -53,6 +56,9 @@ from lab_utils import gloo_exit, metrics, parallel, paths, profile, slow_link
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "lab6_efficiency" / "scripts"))
 from ddp_by_hand import Variant, bucket_bytes
 
+# The link's rate, changed in the job between measurements: one place for every Lab 7 script.
+from steps import add_rates_arg, barrier_bytes, link_and_rates, link_bytes, switch
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     S = paths.lab_module("lab7", "settings").SWEEP.of()
@@ -65,13 +71,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=S.sizes_kb,
         help="payload sizes (KiB of float32) of the all-reduces timed",
     )
-    p.add_argument(
-        "--rates",
-        nargs="+",
-        default=None,
-        help="link rates (Mbit/s, or 'none': unshaped) measured one after the other; needs "
-        "the job inside a slow link (python -m lab_utils.slow_link ... -- torchrun ...)",
-    )
+    add_rates_arg(p)
     p.add_argument("--repeats", type=int, default=S.repeats, help="rounds timed")
     p.add_argument(
         "--max-seconds",
@@ -84,10 +84,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def rate_of(word: str) -> float | None:
-    return None if word.lower() == "none" else float(word)
-
-
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -98,24 +94,6 @@ def spans(starts: list[float], ends: list[float]) -> list[float]:
     every = [None] * dist.get_world_size()
     dist.all_gather_object(every, (starts, ends))
     return [max(e[r] for _, e in every) - min(s[r] for s, _ in every) for r in range(len(starts))]
-
-
-def link_bytes() -> int | None:
-    """The bytes the job's link has carried so far (rank 0 reads, None when uncounted)."""
-    if dist.get_rank() != 0:
-        return None
-    c = slow_link.counters()
-    return None if c is None else c["bytes"]
-
-
-def barrier_bytes(device: torch.device, n: int = 10) -> float | None:
-    """Link bytes of one barrier, from ``n`` of them."""
-    dist.barrier()
-    before = link_bytes()
-    for _ in range(n):
-        dist.barrier()
-    after = link_bytes()
-    return None if before is None else (after - before) / n
 
 
 def expected_link_s(nbytes: int, link: slow_link.Link | None) -> float:
@@ -143,7 +121,7 @@ def sweep(args, device: torch.device, link: slow_link.Link | None) -> dict:
     fill_s = 1.2 * link.burst_bytes / rate if rate else 0.0
     starts: list[list[float]] = [[] for _ in sizes]
     ends: list[list[float]] = [[] for _ in sizes]
-    counted = [0.0] * len(sizes)
+    counted: list[list[float]] = [[] for _ in sizes]  # per repetition: the bound pairs them
     for r in range(args.repeats):
         order = range(len(sizes)) if r % 2 == 0 else reversed(range(len(sizes)))
         for i in order:
@@ -159,35 +137,26 @@ def sweep(args, device: torch.device, link: slow_link.Link | None) -> dict:
             dist.barrier()
             after = link_bytes()
             if before is not None:
-                counted[i] += after - before - 2 * per_barrier
+                counted[i].append(after - before - 2 * per_barrier)
     c = slow_link.counters() if dist.get_rank() == 0 else None
     return {
         "sizes": sizes,
         "seconds": [spans(s, e) for s, e in zip(starts, ends, strict=True)],
-        "link_bytes": [x / args.repeats for x in counted] if per_barrier is not None else None,
+        "link_bytes": [sum(x) / len(x) for x in counted] if per_barrier is not None else None,
+        "link_bytes_each": counted if per_barrier is not None else None,
         "barrier_bytes": per_barrier,
         "drops": None if c is None else c["drops"],
         "fill_s": fill_s,
     }
 
 
-def switch(rate: float | None, rates: list | None, link: slow_link.Link | None):
-    """The job's link at ``rate`` (changed by rank 0 when --rates asks for several)."""
-    if rates is None:
-        return link
-    dist.barrier()
-    time.sleep(0.05)  # nothing in flight while the qdisc is replaced
-    if dist.get_rank() == 0:  # the job's own link: one rank changes it for all
-        slow_link.set_rate(rate)
-    dist.barrier()
-    return dataclasses.replace(link, rate_mbit=rate)
-
-
 def ddp_rounds(args, data, device, rates: list | None, link) -> dict:
     """Step 4: every round visits every rate (the order reversed every other round) and
     times one step of every variant there (their order reversed too), so that a machine
-    getting busier favours no rate and no variant; in the first round the link bytes of
-    one step of each variant that communicates are counted. Returns per rate."""
+    getting busier favours no rate and no variant. Every step's link bytes are counted
+    (each variant that communicates) and its span taken from the first rank's start to
+    the last rank's end: a bound on a step needs that step's own bytes, and rank 0's
+    clock alone can stop before its last bytes reach the other rank. Returns per rate."""
     kb = args.bucket_kb
     variants = [
         Variant("naive", args, device, kb, "naive"),
@@ -197,9 +166,16 @@ def ddp_rounds(args, data, device, rates: list | None, link) -> dict:
     ]
     order = rates if rates is not None else [None if link is None else link.rate_mbit]
     out = {
-        r: {"variants": {v.name: [] for v in variants}, "backward": [], "link_bytes": {}}
+        r: {
+            "variants": {v.name: [] for v in variants},
+            "backward": [],
+            "link_bytes": {v.name: [] for v in variants if v.kind != "none"},
+            "starts": {v.name: [] for v in variants},
+            "ends": {v.name: [] for v in variants},
+        }
         for r in order
     }
+    per_barrier = {}  # link bytes of one barrier, at each rate
     rank, n = dist.get_rank(), dist.get_world_size()
     mine = slice(rank * args.batch_size // n, (rank + 1) * args.batch_size // n)
     x, y = data.batch(args.batch_size, args.seq_len, 0, args.seed)
@@ -209,30 +185,37 @@ def ddp_rounds(args, data, device, rates: list | None, link) -> dict:
     for r in range(args.repeats):
         for rate in order if r % 2 == 0 else order[::-1]:
             switch(rate, rates, link)
-            counting = r == 0 and link is not None  # the same on every rank
-            per_barrier = barrier_bytes(device) if counting else None
+            counting = link is not None  # the same on every rank
+            if counting and rate not in per_barrier:
+                per_barrier[rate] = barrier_bytes(device)
             for v in variants if r % 2 == 0 else variants[::-1]:
                 dist.barrier()  # every rank starts the variant together
                 before = link_bytes() if counting else None
+                out[rate]["starts"][v.name].append(time.perf_counter())
                 v.step(x, y)
+                out[rate]["ends"][v.name].append(time.perf_counter())
                 if counting and v.kind != "none":
                     dist.barrier()
                     after = link_bytes()
                     if before is not None:  # rank 0
-                        out[rate]["link_bytes"][v.name] = after - before - per_barrier
+                        out[rate]["link_bytes"][v.name].append(after - before - per_barrier[rate])
                 out[rate]["variants"][v.name].append(v.seconds[-1])
                 if v.kind == "none":
                     out[rate]["backward"].append(v.backward_seconds[-1])
     hand = variants[0].hand
     psi = sum(p.numel() * p.element_size() for p in variants[-1].model.parameters())
+    for o in out.values():  # every rank joins, in the same order
+        o["spans"] = {name: spans(o["starts"][name], o["ends"][name]) for name in o["starts"]}
     return {
         rate: {
             "buckets": len(hand.buckets),
             "bucket_bytes": bucket_bytes(hand),
             "psi_bytes": psi,
             "variants": o["variants"],
+            "spans": o["spans"],
             "backward_s": statistics.median(o["backward"]),
-            "link_bytes": o["link_bytes"] or None,
+            "link_bytes": {k: b[0] for k, b in o["link_bytes"].items() if b} or None,
+            "link_bytes_each": {k: b for k, b in o["link_bytes"].items() if b} or None,
         }
         for rate, o in out.items()
     }
@@ -240,14 +223,7 @@ def ddp_rounds(args, data, device, rates: list | None, link) -> dict:
 
 def main() -> None:
     args = parse_args()
-    link = slow_link.current()
-    rates = [rate_of(w) for w in args.rates] if args.rates else None
-    parallel.require(
-        rates is None or link is not None,
-        "--rates changes the job's own link: start the job inside one, e.g. "
-        "python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone "
-        "--nproc-per-node 2 allreduce_sweep.py --rates 50 none",
-    )
+    link, rates = link_and_rates(args, "allreduce_sweep.py")
     if args.ddp:
         parallel.require_batch_split(args.batch_size)
     # torch 2.13's Gloo threads can abort or hang a rank at Python's exit: from here on it

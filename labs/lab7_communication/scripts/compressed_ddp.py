@@ -9,8 +9,10 @@ The character transformer (Labs 4 and 6) trained by ``DistributedDataParallel`` 
   cast back);
 - ``bf16``: ``default_hooks.bf16_compress_hook`` (the same in bfloat16). DDP's
   ``register_comm_hook`` refuses a hook of that name unless torch is a CUDA (or ROCm)
-  build with NCCL 2.10+, or XPU with XCCL (TypeError; torch/nn/parallel/distributed.py
-  lines 2485–2503 in torch 2.13): the script skips it elsewhere and says so;
+  BUILD with NCCL 2.10+, or XPU with XCCL — it looks at the build, not at the group's
+  backend (TypeError; torch/nn/parallel/distributed.py lines 2485–2503 in torch 2.13):
+  the script tries to register it and, where DDP raises that TypeError, skips it and
+  reports torch's own message;
 - ``powersgd``: ``powerSGD_hook.powerSGD_hook`` with ``PowerSGDState(rank=--rank,
   error feedback, warm start, start_powerSGD_iter=--start-iter)``.
 
@@ -23,14 +25,22 @@ threads; with two buckets both threads can end up waiting so, and the job hangs 
 seen here in 7 runs at the first compressed step, never with one bucket). The script
 gives DDP a bucket cap above the gradients' size for PowerSGD on Gloo, and says so.
 
+Inside a slow link (``lab_utils.slow_link``), --rates runs every hook at each rate in
+turn (rank 0 changes the job's own link between them: ``steps.switch``), and each step's
+bytes on the link are counted too (the qdisc's counter). What a hook all-reduces does not
+depend on the rate; its time does. Each step's time is the span from the first rank's
+start to the last rank's end.
+
     torchrun --standalone --nproc-per-node 2 scripts/compressed_ddp.py --hooks none fp16 powersgd
-    python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone --nproc-per-node 2 scripts/compressed_ddp.py
+    python -m lab_utils.slow_link --rate-mbit 50 -- torchrun --standalone --nproc-per-node 2 scripts/compressed_ddp.py --rates none 50
 
 Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
     model: procs, backend, shapes, numel, grad_bytes
-    hook: hook, buckets, shapes_by_bucket, bytes_by_step, losses, step_s, rank,
-        start_iter (one per hook that ran)
-    skipped: hook, reason (bf16 where DDP refuses it)
+    link: shaped, counted, burst_bytes, latency_ms, mtu, rates
+    hook: rate, hook, buckets, shapes_by_bucket, bytes_by_step, link_bytes_by_step,
+        losses, seconds, step_s (the median of steps 2 on), rank, start_iter (one per
+        hook that ran, at each rate)
+    skipped: hook, reason (bf16 where DDP refuses it: torch's TypeError message)
 """
 
 import argparse
@@ -38,8 +48,8 @@ import statistics
 
 import torch
 import torch.distributed as dist
+from steps import add_rates_arg, link_and_rates, link_event, rates_to_run, run_steps, switch
 from steps import batches as lab7_batches
-from steps import run_steps
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -58,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--start-iter", type=int, default=2, help="PowerSGD's first compressed step (from 0)"
     )
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap")
+    add_rates_arg(p)
     return p.parse_args(argv)
 
 
@@ -81,6 +92,18 @@ def register(ddp: DDP, hook: str, args: argparse.Namespace) -> None:
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
+def refused(hook: str, device) -> str | None:
+    """torch's own message where DDP's ``register_comm_hook`` refuses ``hook`` (it
+    decides by torch's build, distributed.py lines 2485–2503), else None. Every rank
+    builds the same one-weight DDP (its construction is a collective) and tries."""
+    probe = DDP(torch.nn.Linear(1, 1).to(device))
+    try:
+        register(probe, hook, argparse.Namespace(rank=1, start_iter=0, seed=0))
+    except TypeError as e:
+        return str(e)
+    return None
+
+
 def bucket_cap_mb(hook: str, grad_bytes: int, args: argparse.Namespace) -> float:
     """--bucket-cap-mb, raised above the gradients' size for PowerSGD on Gloo (one
     bucket: see the docstring). An explicit cap is also DDP's first bucket's cap."""
@@ -95,31 +118,41 @@ def bucket_cap_mb(hook: str, grad_bytes: int, args: argparse.Namespace) -> float
     return args.bucket_cap_mb
 
 
-def train(hook: str, args: argparse.Namespace, batches: list, device) -> dict:
-    """--steps steps of DDP with ``hook``: loss, step time and all-reduce bytes of each."""
+def train(
+    hook: str, args: argparse.Namespace, batches: list, device, optimizer: str = "adam"
+) -> tuple[dict, dict]:
+    """--steps steps of DDP with ``hook`` on ``batches`` from the seeded initial weights:
+    the run (loss, seconds, all-reduce bytes and link bytes of each step; the buckets) and
+    the final weights (the bare model's ``state_dict``, cloned). ``optimizer``: ``"adam"``
+    (this notebook's) or ``"adamw"`` (notebook 5's, as its local SGD and DiLoCo use)."""
     model = parallel.build_model(args).to(device)
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb(hook, grad_bytes, args))
     register(ddp, hook, args)
-    opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    opt = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer](
+        ddp.parameters(), lr=args.lr
+    )
     steps = run_steps(ddp, opt, batches)
     buckets = [
         [list(g.shape) for g in b.gradients()] for b in ddp.reducer._get_zeros_like_grad_buckets()
     ]
-    return {
+    weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    run = {
         "hook": hook,
         "buckets": len(buckets),
         "shapes_by_bucket": buckets,
-        "bytes_by_step": steps["bytes_by_step"],
-        "losses": steps["losses"],
+        **steps,
+        # the first step builds DDP's buckets: the median of the others
         "step_s": statistics.median(steps["seconds"][1:] or steps["seconds"]),
         "rank": args.rank,
         "start_iter": args.start_iter,
     }
+    return run, weights
 
 
 def main() -> None:
     args = parse_args()
+    link, rates = link_and_rates(args, "compressed_ddp.py")
     # [1] Gloo's threads can abort or hang a rank at exit: lab_utils/gloo_exit.py says why
     gloo_exit.arm()
     info = labdist.init(group_if_alone=True)
@@ -136,19 +169,25 @@ def main() -> None:
             "grad_bytes": 4 * numel,
         }
     )
-    for hook in args.hooks:
-        if hook == "bf16" and dist.get_backend() != "nccl":
-            reason = "DDP takes bf16_compress_hook only with CUDA and NCCL 2.10+ (or XPU and XCCL)"
-            metrics.emit({"event": "skipped", "hook": hook, "reason": reason})
-            labdist.print0(f"bf16      skipped: {reason}")
-            continue
-        run = train(hook, args, batches, info.device)
-        metrics.emit({"event": "hook", **run})
-        labdist.print0(
-            f"{hook:9s} {run['buckets']} bucket(s), all-reduce bytes per step "
-            f"{run['bytes_by_step'][-1]:,}, loss {run['losses'][0]:.3f} -> "
-            f"{run['losses'][-1]:.3f}, step {run['step_s'] * 1e3:.1f} ms"
-        )
+    metrics.emit({"event": "link", **link_event(link, rates)})
+    hooks = list(args.hooks)
+    reason = refused("bf16", info.device) if "bf16" in hooks else None
+    if reason is not None:
+        metrics.emit({"event": "skipped", "hook": "bf16", "reason": reason})
+        labdist.print0(f"bf16      skipped: {reason}")
+        hooks.remove("bf16")
+    for rate in rates_to_run(rates, link):
+        here = switch(rate, rates, link)
+        if here is not None:
+            labdist.print0(f"link: {here.label}")
+        for hook in hooks:
+            run, _ = train(hook, args, batches, info.device)
+            metrics.emit({"event": "hook", "rate": rate, **run})
+            labdist.print0(
+                f"{hook:9s} {run['buckets']} bucket(s), all-reduce bytes per step "
+                f"{run['bytes_by_step'][-1]:,}, loss {run['losses'][0]:.3f} -> "
+                f"{run['losses'][-1]:.3f}, median step (2 on) {run['step_s'] * 1e3:.1f} ms"
+            )
     labdist.shutdown()
 
 
