@@ -50,8 +50,10 @@ data_parallel = "require"
 """
 # The sandbox tests' target (Fashion-MNIST, a linear model): every job takes seconds.
 CLASS_TARGET = SUBMISSIONS / "sandbox.toml"
-# student -> its file; the verdict each must get is the one-machine batch's, asserted
-# for the same file and target in tests/test_sandbox.py.
+# student -> its file; the verdict each must get is the one machine's: the sandbox
+# batch's for the same file and target (tests/test_sandbox.py, where good_linear.py is
+# graded as "tamper_then_innocent"), and for crash_one_rank the sandboxed grading's of
+# tests/test_grader.py (a crash is a crash whatever the target).
 CLASS = {
     "crash_one_rank": SUBMISSIONS / "crash_one_rank.py",
     "good_linear": SUBMISSIONS / "good_linear.py",
@@ -59,7 +61,12 @@ CLASS = {
     "syntax_error": SUBMISSIONS / "syntax_error.py.txt",
     "tamper": SUBMISSIONS / "tamper.py",  # its edits refused
 }
-EXPECTED = {name: ONE_MACHINE[name] for name in CLASS}
+SAME_FILE_ON_ONE_MACHINE = {"good_linear": "tamper_then_innocent"}
+EXPECTED = {
+    name: ONE_MACHINE[SAME_FILE_ON_ONE_MACHINE.get(name, name)]
+    for name in CLASS
+    if name != "crash_one_rank"
+} | {"crash_one_rank": ("broken", "crashed")}
 
 
 def lab_grade(*args: str) -> list[str]:
