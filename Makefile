@@ -76,7 +76,7 @@ test: setup
 	@rm -f $(TEST_RESULTS)
 	@echo "make test: LABS_PROFILE=quick LABS_SOLUTIONS=1 pytest on tests/ and labs/ ($(TEST_WORKERS) workers, $(TEST_TIMEOUT) s per test)"
 	@rc=0; \
-	LABS_PROFILE=quick LABS_SOLUTIONS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope \
+	LABS_PROFILE=quick LABS_SOLUTIONS=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder \
 	    --nbval-lax --nbval-current-env --timeout $(TEST_TIMEOUT) \
 	    --junitxml=$(TEST_RESULTS) $(PYTEST_ARGS) tests labs || rc=$$?; \
 	case $$rc in \

@@ -15,6 +15,11 @@ Report the ten largest modules::
 
     python -m benchmarks.suite_cpu /tmp/cpu [--top 10]
 
+Write the wall-clock seconds of every module to ``tests/suite_costs.json``, which sets the
+order modules start in (tests/conftest.py: longest first)::
+
+    python -m benchmarks.suite_cpu /tmp/cpu --write-costs tests/suite_costs.json
+
 A kernel or a daemon that is reaped after its module's last test is charged to
 that test, so the table is exact by module, not by test.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,19 +47,23 @@ def _cpu_seconds() -> float:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     out = os.environ.get(_DIR_VAR)
-    before = _cpu_seconds()
+    before, started = _cpu_seconds(), time.monotonic()
     yield
     if not out:
         return
-    spent = _cpu_seconds() - before
+    spent, wall = _cpu_seconds() - before, time.monotonic() - started
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / f"{worker}.jsonl", "a") as f:
-        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(spent, 3)}) + "\n")
+        f.write(
+            json.dumps({"test": item.nodeid, "cpu_s": round(spent, 3), "wall_s": round(wall, 3)})
+            + "\n"
+        )
 
 
-def by_module(folder: Path) -> dict[str, float]:
-    """CPU-seconds per test module (the node id's file part) from a recording."""
+def by_module(folder: Path, key: str = "cpu_s") -> dict[str, float]:
+    """CPU-seconds (or ``key="wall_s"``, wall-clock seconds) per test module (the node id's
+    file part) from a recording."""
     totals: dict[str, float] = defaultdict(float)
     files = sorted(folder.glob("*.jsonl"))
     if not files:
@@ -63,7 +73,9 @@ def by_module(folder: Path) -> dict[str, float]:
     for path in files:
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            totals[row["test"].split("::")[0]] += row["cpu_s"]
+            if key not in row:
+                raise SystemExit(f"suite_cpu: {path} was recorded without {key}: record again")
+            totals[row["test"].split("::")[0]] += row[key]
     return dict(totals)
 
 
@@ -81,8 +93,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path, help=f"the folder {_DIR_VAR} named when recording")
     parser.add_argument("--top", type=int, default=10, help="how many modules to list (default 10)")
+    parser.add_argument(
+        "--write-costs",
+        type=Path,
+        metavar="JSON",
+        help="also write each module's wall-clock seconds there (tests/suite_costs.json)",
+    )
     args = parser.parse_args(argv)
     print(table(by_module(args.folder), args.top))
+    if args.write_costs:
+        wall = by_module(args.folder, "wall_s")
+        costs = {m: round(s, 1) for m, s in sorted(wall.items(), key=lambda kv: -kv[1])}
+        args.write_costs.write_text(json.dumps(costs, indent=1) + "\n")
 
 
 if __name__ == "__main__":

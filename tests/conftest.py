@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,6 +24,7 @@ torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parent.parent
 JOBS = REPO / "tests" / "jobs"
+SUITE_COSTS = REPO / "tests" / "suite_costs.json"  # wall-clock seconds by module, recorded
 TEST_TAG = "LABS_TEST_TAG"  # in the environment of every process a test starts
 # A lab's own modules (labs/lab4_*/lab4_checks.py ...) import by their plain names, as in
 # the lab's notebooks; the names carry the lab's number, so labs never collide.
@@ -30,21 +32,21 @@ sys.path.extend(str(folder) for folder in sorted(REPO.glob("labs/lab[0-9]*_*")))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Longest first: pytest-xdist (``--dist loadscope``) hands out whole modules, classes
-    and notebooks in collection order, so the science claims, then the modules with slow
-    tests, start at once and the many short ones fill in at the end; the two workers
-    then finish together instead of one waiting on the other's last long test."""
+    """Longest first: pytest-xdist (``--dist loadscope --no-loadscope-reorder``, as
+    ``make test`` runs it) hands out whole modules, classes and notebooks in collection
+    order, so the long ones start at once and the many short ones fill in at the end; the
+    two workers then finish together instead of one running a long module alone. The
+    seconds are a recorded run's (tests/suite_costs.json, written by benchmarks.suite_cpu);
+    a module not recorded yet counts as the longest. (xdist's own reorder, on unless told
+    otherwise, sorts by the number of tests: it started Lab 2's two 8-process science runs
+    last.)"""
+    costs = json.loads(SUITE_COSTS.read_text())
+    longest = max(costs.values(), default=0.0)
 
-    def scope(item: pytest.Item) -> str:  # how loadscope groups tests
-        return item.nodeid.rsplit("::", 1)[0]
+    def cost(item: pytest.Item) -> float:
+        return costs.get(item.nodeid.split("::", 1)[0], longest)
 
-    rank: dict[str, int] = {}
-    for item in items:
-        kind = (
-            0 if item.get_closest_marker("science") else 1 if item.get_closest_marker("slow") else 2
-        )
-        rank[scope(item)] = min(rank.get(scope(item), 2), kind)
-    items.sort(key=lambda item: rank[scope(item)])  # stable: each scope keeps its order
+    items.sort(key=lambda item: -cost(item))  # stable: each module keeps its order
 
 
 @pytest.fixture(autouse=True)

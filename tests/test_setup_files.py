@@ -130,7 +130,7 @@ def test_make_test_runs_the_whole_suite_and_keeps_failures() -> None:
         "--nbval-lax",
         "--nbval-current-env",
         "--timeout",
-        "--dist loadscope",
+        "--dist loadscope --no-loadscope-reorder",
         "tests labs",
     ):
         assert part in body, f"make test does not pass {part!r}"
