@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -138,6 +139,32 @@ def script_help(monkeypatch: pytest.MonkeyPatch, script: Path, profile: str = "q
         load_script(script).parse_args(["--help"])
     assert stop.value.code == 0
     return " ".join(out.getvalue().split())
+
+
+def runs_by_rate(job: LaunchResult, event: str, label: Callable[[dict], str]) -> dict:
+    """``{rate: {label(run): run}}``: the ``event`` records of a Lab 7 job that ran the
+    same steps at each rate of its ``link`` event (None: the unshaped link)."""
+    return {
+        r: {label(run): run for run in job.events(event, rate=r)}
+        for r in job.event("link")["rates"]
+    }
+
+
+def check_bytes_cross_the_link(job: LaunchResult, runs: dict) -> None:
+    """Every step's counted bytes also crossed the link (with the packets' headers), at
+    every rate of ``runs`` (:func:`runs_by_rate`); a step that sent nothing is not
+    judged (a barrier's few bytes may cross it)."""
+    import lab7_checks
+
+    mtu = job.event("link")["mtu"]
+    for rate, named in runs.items():
+        for name, run in named.items():
+            steps = zip(run["bytes_by_step"], run["link_bytes_by_step"], strict=True)
+            for sent, on_link in steps:
+                assert not sent or on_link >= lab7_checks.min_link_bytes(sent, 2, mtu), (
+                    rate,
+                    name,
+                )
 
 
 def processes_matching(marker: str) -> list[psutil.Process]:

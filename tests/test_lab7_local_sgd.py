@@ -6,7 +6,7 @@ both, no step faster than the token bucket allows, H = 1 still DDP)."""
 from __future__ import annotations
 
 import pytest
-from conftest import REPO
+from conftest import REPO, check_bytes_cross_the_link, runs_by_rate
 
 import lab7_checks as checks
 from lab_utils import launch, slow_link
@@ -66,10 +66,7 @@ def test_local_sgd_with_h_1_is_ddp(job):
 
 
 def by_rate(job: launch.LaunchResult) -> dict:
-    return {
-        r: {f"{m['method']} {m['period']}": m for m in job.events("run", rate=r)}
-        for r in job.event("link")["rates"]
-    }
+    return runs_by_rate(job, "run", lambda m: f"{m['method']} {m['period']}")
 
 
 @needs_link
@@ -77,12 +74,7 @@ def test_the_bytes_are_the_same_at_every_rate_and_all_cross_the_link(job):
     runs = by_rate(job)
     assert list(runs) == [None, RATE] and all(len(r) == 3 for r in runs.values())
     checks.check_counts_same_at_every_rate(runs)
-    mtu = job.event("link")["mtu"]
-    for rate, methods in runs.items():
-        for name, run in methods.items():
-            steps = zip(run["bytes_by_step"], run["link_bytes_by_step"], strict=True)
-            for sent, on_link in steps:  # (a step that sends nothing: ± a barrier's bytes)
-                assert not sent or on_link >= checks.min_link_bytes(sent, 2, mtu), (rate, name)
+    check_bytes_cross_the_link(job, runs)  # local SGD's steps between syncs send nothing
 
 
 @needs_link
