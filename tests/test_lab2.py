@@ -609,10 +609,12 @@ def test_horovod_script_trains_at_every_process_count(n):
 @pytest.mark.slow
 def test_the_training_threshold_fails_a_diverged_run():
     """The same job with a learning rate far too large and no warm-up diverges to chance:
-    the threshold above must not let such a run pass."""
-    s = summary(
-        run("train_ddp.py", [*SCALING, "--lr", "0.3", "--warmup-epochs", "0"], nprocs=4).check()
-    )
+    the threshold above must not let such a run pass. It is 4 processes' run (0.3 per
+    process, × 4 at batch 4 × 32, 48 steps) as the one process it equals (test_two_ranks_
+    of_batch_b_equal_one_rank_of_batch_2b): the threshold judges the model, not the count."""
+    diverged = [*SCALING, "--batch-size", "128", "--lr", "1.2", "--warmup-epochs", "0"]
+    s = summary(run("train_ddp.py", diverged, nprocs=1, launcher="python").check())
+    assert (s["global_batch"], s["lr"], s["steps"]) == (128, 1.2, 48)
     assert s["val_acc"] < TRAINS - 0.1
 
 
