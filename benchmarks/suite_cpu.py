@@ -22,6 +22,12 @@ order modules start in (tests/conftest.py: longest first)::
 
 A kernel or a daemon that is reaped after its module's last test is charged to
 that test, so the table is exact by module, not by test.
+
+Each record also lists the commands the test launched (the ``$ ...`` lines
+``launch.run`` prints, from the test's captured output), so jobs that several tests
+start alike can be found::
+
+    python -m benchmarks.suite_cpu /tmp/cpu --repeated
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -37,6 +44,19 @@ from pathlib import Path
 import pytest
 
 _DIR_VAR = "LABS_SUITE_CPU"
+_launched: dict[str, list[str]] = defaultdict(list)  # node id -> commands it launched
+# What differs between two launches of the same job: temporary folders, ports, seeds of names.
+_VOLATILE = re.compile(r"/tmp/\S*|MASTER_PORT=\d+|--master-port[= ]\d+|labs-metrics-\w+")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Each phase's report repeats the sections of the phases before it: read its own.
+    own = f"Captured stdout {report.when}"
+    for name, text in report.sections:
+        if name == own:
+            for line in text.splitlines():
+                if line.startswith("$ "):  # launch.run shows every command it starts so
+                    _launched[report.nodeid].append(line[2:])
 
 
 def _cpu_seconds() -> float:
@@ -56,7 +76,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     Path(out).mkdir(parents=True, exist_ok=True)
     with open(Path(out) / f"{worker}.jsonl", "a") as f:
         f.write(
-            json.dumps({"test": item.nodeid, "cpu_s": round(spent, 3), "wall_s": round(wall, 3)})
+            json.dumps(
+                {
+                    "test": item.nodeid,
+                    "cpu_s": round(spent, 3),
+                    "wall_s": round(wall, 3),
+                    "launched": _launched.pop(item.nodeid, []),
+                }
+            )
             + "\n"
         )
 
@@ -79,6 +106,19 @@ def by_module(folder: Path, key: str = "cpu_s") -> dict[str, float]:
     return dict(totals)
 
 
+def repeated(folder: Path) -> list[tuple[str, list[str]]]:
+    """Commands launched by more than one test (temporary paths and ports blanked), with
+    the tests that launched each, most repeated first."""
+    by_command: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            for command in row.get("launched", []):
+                by_command[_VOLATILE.sub("…", command)].append(row["test"])
+    shared = [(c, tests) for c, tests in by_command.items() if len(tests) > 1]
+    return sorted(shared, key=lambda ct: -len(ct[1]))
+
+
 def table(totals: dict[str, float], top: int) -> str:
     """A markdown table of the ``top`` largest modules and the whole suite."""
     whole = sum(totals.values())
@@ -99,7 +139,15 @@ def main(argv: list[str] | None = None) -> None:
         metavar="JSON",
         help="also write each module's wall-clock seconds there (tests/suite_costs.json)",
     )
+    parser.add_argument(
+        "--repeated", action="store_true", help="list the commands more than one test launched"
+    )
     args = parser.parse_args(argv)
+    if args.repeated:
+        for command, tests in repeated(args.folder):
+            print(f"{len(tests)} x {command}")
+            print("".join(f"    {t}\n" for t in tests), end="")
+        return
     print(table(by_module(args.folder), args.top))
     if args.write_costs:
         wall = by_module(args.folder, "wall_s")
