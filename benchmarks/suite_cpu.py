@@ -88,10 +88,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         )
 
 
-def by_module(folder: Path, key: str = "cpu_s") -> dict[str, float]:
-    """CPU-seconds (or ``key="wall_s"``, wall-clock seconds) per test module (the node id's
-    file part) from a recording."""
-    totals: dict[str, float] = defaultdict(float)
+def _rows(folder: Path) -> Iterator[tuple[Path, dict]]:
+    """Every record of a recording, with the file it is in."""
     files = sorted(folder.glob("*.jsonl"))
     if not files:
         raise SystemExit(
@@ -99,10 +97,17 @@ def by_module(folder: Path, key: str = "cpu_s") -> dict[str, float]:
         )
     for path in files:
         for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if key not in row:
-                raise SystemExit(f"suite_cpu: {path} was recorded without {key}: record again")
-            totals[row["test"].split("::")[0]] += row[key]
+            yield path, json.loads(line)
+
+
+def by_module(folder: Path, key: str = "cpu_s") -> dict[str, float]:
+    """CPU-seconds (or ``key="wall_s"``, wall-clock seconds) per test module (the node id's
+    file part) from a recording."""
+    totals: dict[str, float] = defaultdict(float)
+    for path, row in _rows(folder):
+        if key not in row:
+            raise SystemExit(f"suite_cpu: {path} was recorded without {key}: record again")
+        totals[row["test"].split("::")[0]] += row[key]
     return dict(totals)
 
 
@@ -110,11 +115,10 @@ def repeated(folder: Path) -> list[tuple[str, list[str]]]:
     """Commands launched by more than one test (temporary paths and ports blanked), with
     the tests that launched each, most repeated first."""
     by_command: dict[str, list[str]] = defaultdict(list)
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            for command in row.get("launched", []):
-                by_command[_VOLATILE.sub("…", command)].append(row["test"])
+    for _, row in _rows(folder):
+        jobs = dict.fromkeys(_VOLATILE.sub("…", c) for c in row.get("launched", []))
+        for job in jobs:  # a test's own repeats count once
+            by_command[job].append(row["test"])
     shared = [(c, tests) for c, tests in by_command.items() if len(tests) > 1]
     return sorted(shared, key=lambda ct: -len(ct[1]))
 
