@@ -4,8 +4,9 @@
 ``cpu``    real results on a laptop in minutes;
 ``gpu``    the full course on one or more GPUs.
 
-Notebooks read their knobs with ``P.pick(quick=..., cpu=..., gpu=...)`` so that a
-single environment variable switches the whole course.
+A lab's sizes by profile live in its ``labN_settings.py`` (:mod:`lab_utils.settings`),
+read for the profile this module names, so that a single environment variable switches
+the whole course (``tests/test_settings.py`` fails a size chosen by profile elsewhere).
 """
 
 from __future__ import annotations
