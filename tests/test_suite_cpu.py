@@ -62,7 +62,13 @@ def test_tables_repeats_and_costs_of_a_recording(tmp_path, capsys):
                 "wall_s": 1.0,
                 "launched": [job.format("/tmp/x/1.pt")],
             },
-            {"test": "tests/test_a.py::t2", "cpu_s": 1.0, "wall_s": 5.0, "launched": []},
+            {
+                "test": "tests/test_a.py::t2",
+                "cpu_s": 1.0,
+                "wall_s": 5.0,
+                # one test's own repeat of a job (a killed run, then its resumption)
+                "launched": [job.format("/tmp/z/3.pt").replace("a.py", "c.py")] * 2,
+            },
             {
                 "test": "tests/test_b.py::t1",
                 "cpu_s": 2.0,
@@ -73,7 +79,8 @@ def test_tables_repeats_and_costs_of_a_recording(tmp_path, capsys):
     )
     assert suite_cpu.by_module(rec) == {"tests/test_a.py": 4.0, "tests/test_b.py": 2.0}
     assert suite_cpu.by_module(rec, "wall_s") == {"tests/test_a.py": 6.0, "tests/test_b.py": 2.0}
-    # the same job from two tests, its temporary paths aside
+    # the same job from two tests, its temporary paths aside; one test's own repeats are
+    # not a job several tests start
     assert suite_cpu.repeated(rec) == [
         (job.format("…"), ["tests/test_a.py::t1", "tests/test_b.py::t1"])
     ]
