@@ -23,6 +23,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from .common import REPO_ROOT, Report, Settings, alternate, median
+from .kernels import AsyncUnixSocketKernelManager
 
 NAME = "notebooks"
 TITLE = "Lab notebooks in the quick profile"
@@ -40,12 +41,12 @@ def execute(path: Path, env: dict[str, str], cell_timeout: float = 600) -> float
     """Run the notebook at ``path`` top to bottom in a new kernel; return the seconds."""
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if not SKIP_TAGS & set(c.get("metadata", {}).get("tags", []))]
-    # The kernel's own warnings (e.g. about its local TCP transport) would bury the
-    # table; errors still show.
+    # The kernel's own warnings would bury the table; errors still show.
     client = NotebookClient(
         nb,
         timeout=cell_timeout,
         kernel_name="python3",
+        kernel_manager_class=AsyncUnixSocketKernelManager,  # benchmarks/kernels.py: why
         extra_arguments=["--log-level=ERROR"],
         resources={"metadata": {"path": str(path.parent)}},
     )

@@ -17,10 +17,11 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import REPO, TEST_TAG, processes_matching
 
 import lab5_checks as checks
 import lab5_plots as plots
+from benchmarks.kernels import AsyncUnixSocketKernelManager
+from conftest import REPO, TEST_TAG, processes_matching
 from lab_utils import launch, models, tensordata
 from lab_utils.source import load_script
 
@@ -231,7 +232,11 @@ def test_graphs_notebook_writes_nothing_to_stderr(tmp_path, monkeypatch):
     monkeypatch.setenv("LABS_SOLUTIONS", "1")
     nb = nbformat.read(LAB / "05_graphs.ipynb", as_version=4)
     nbclient.NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(LAB)}}
+        nb,
+        timeout=300,
+        kernel_name="python3",
+        kernel_manager_class=AsyncUnixSocketKernelManager,
+        resources={"metadata": {"path": str(LAB)}},
     ).execute()
     stderr = [
         (i, "".join(o.get("text", ""))[:300])
