@@ -153,9 +153,24 @@ class LaunchResult:
             if first and not any(is_cause(line) for line in tail)
             else ""
         )
+        if not first and (last := last_lines_by_rank(self.lines, tail)):
+            # no error line anywhere: a rank that stopped with a plain message
+            # (sys.exit("...")) said why in its last lines, above the launcher's summary
+            lead = "Each rank's last lines:\n" + "\n".join(last) + "\n\n"
         raise LaunchError(
             f"{' '.join(self.command)}\n{why}. {lead}Last output:\n" + "\n".join(tail)
         )
+
+
+def last_lines_by_rank(
+    lines: Sequence[tuple[int | None, str]], shown: Sequence[str], n: int = 3
+) -> list[str]:
+    """The last ``n`` lines of each rank, in rank order, that ``shown`` does not hold."""
+    out = []
+    for rank in sorted({r for r, _ in lines if r is not None}):
+        own = [_format(rank, t) for r, t in lines if r == rank][-n:]
+        out += [line for line in own if line not in shown]
+    return out
 
 
 def _format(rank: int | None, text: str) -> str:

@@ -367,3 +367,36 @@ def test_notebooks_that_need_what_a_one_gpu_machine_lacks_are_skips():
     ]:
         status, reason = judge(check, _failed_job([line]), False)
         assert status == SKIPPED and why in reason, line
+
+
+@pytest.mark.slow
+def test_a_notebook_whose_launched_rank_hit_a_known_limit_is_a_skip(tmp_path):
+    # A notebook's launch prints its ranks' output into the cell, and the exception that
+    # ends the cell (a LaunchError) may show only the launcher's summary. The notebook path
+    # must pass on all the cell printed, or a known limit reads as a failure (seen on an
+    # H200: two-rank notebooks over Gloo on CUDA tensors, a rank's error 6,000 characters
+    # above the end).
+    nbformat = pytest.importorskip("nbformat")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell(
+            # reversed in the source: the error's text quotes the cell's source
+            f"print({'[rank 1] RuntimeError: writev [127.0.0.1]:3: Bad address'[::-1]!r}[::-1])\n"
+            "for i in range(400):\n"
+            "    print(f'[rank 0] what rank 0 went on printing, line {i}')\n"
+            "raise RuntimeError('the job exited with status 1. Last output: exitcode  : 1')"
+        )
+    ]
+    path = tmp_path / "limit.ipynb"
+    nbformat.write(nb, path)
+    check = Check(
+        "nb",
+        "g",
+        "w",
+        script="benchmarks.gpu_check.notebook",
+        module=True,
+        args=[str(path)],
+        known_limits=catalogue.GLOO_LIMITS,
+    )
+    (r,) = run_check(check, tmp_path, Deadline(120))
+    assert r.status == SKIPPED and "point to point" in r.reason, (r.status, r.reason)

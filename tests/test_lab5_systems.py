@@ -17,11 +17,11 @@ import matplotlib
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import REPO, TEST_TAG, processes_matching
 
 import lab5_checks as checks
 import lab5_plots as plots
 from benchmarks.kernels import AsyncUnixSocketKernelManager
-from conftest import REPO, TEST_TAG, processes_matching
 from lab_utils import launch, models, tensordata
 from lab_utils.source import load_script
 

@@ -266,3 +266,22 @@ def test_a_launch_error_shows_the_first_error_above_a_long_tail():
     with pytest.raises(launch.LaunchError) as e:
         short.check()
     assert "First error:" not in str(e.value)  # already in the last lines
+
+
+def test_a_launch_error_shows_each_ranks_last_lines_when_no_line_is_an_error():
+    # train_ddp.py's sys.exit("local rank 1: NCCL needs one GPU per rank; ...") names no
+    # exception: only rank 1's own last line says why (seen on an H200, two ranks, 1 GPU)
+    lines = [(0, f"rank 0 step {i}") for i in range(5)]
+    lines += [(1, "local rank 1: NCCL needs one GPU per rank; this has fewer")]
+    lines += [(None, f"torchrun summary line {i}") for i in range(60)]
+    result = launch.LaunchResult(["torchrun", "train_ddp.py"], 1, 1.0, lines=lines)
+    with pytest.raises(launch.LaunchError) as e:
+        result.check()
+    text = str(e.value)
+    assert "Each rank's last lines:" in text
+    assert "[rank 1] local rank 1: NCCL needs one GPU per rank" in text
+    assert "[rank 0] rank 0 step 4" in text and "rank 0 step 1" not in text
+    assert text.index("NCCL needs") < text.index("torchrun summary line 59")
+    with pytest.raises(launch.LaunchError) as e:  # already in the last lines: not twice
+        launch.LaunchResult(["s.py"], 1, 1.0, lines=lines[:6]).check()
+    assert "Each rank's last lines:" not in str(e.value)

@@ -5,7 +5,8 @@ notebook as ``make test`` does (``benchmarks.notebooks.execute``: nbclient, cell
 ``nbval-skip`` left out, from the notebook's folder) with this process's environment:
 the profile, the solutions, ``LABS_BACKEND`` and the bundle's ``PYTHONPATH`` reach the
 kernel and every process the notebook launches. A failing cell ends this process with
-its traceback's last lines and status 1; the seconds are emitted as a metric.
+status 1 after printing nbclient's whole report of it (the cell, what it printed, its
+traceback); the seconds are emitted as a metric.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         seconds = execute(path, dict(os.environ), cell_timeout=600)
     except Exception as e:  # CellExecutionError carries the cell's traceback as text
         text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()  # no terminal colours
-        print(text[-6000:], file=sys.stderr)
+        # All of it: nbclient puts what the cell printed (a launched job's ranks write
+        # there) above the traceback, and the known limits must see a rank's own error,
+        # which the launcher's summary at the end does not repeat.
+        print(text, file=sys.stderr)
         print(
             f"NotebookError: {type(e).__name__}: {text.splitlines()[-1] if text else ''}",
             file=sys.stderr,
