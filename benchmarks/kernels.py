@@ -8,7 +8,7 @@ process takes in between, by binding port 0 or as the local end of a connection,
 kernel at start: ipykernel tries a given port once (ipykernel 7.4, ``kernelapp.py``,
 ``_bind_socket``: ``max_attempts = 1 if port else 100``) and the client reports
 "Kernel died before replying to kernel_info". ``make test`` starts every notebook's kernel
-beside torchrun, Gloo, Spark and Slurm, which open thousands of local connections; CI lost
+beside torchrun, Gloo, Spark and Slurm, which open many local connections; CI lost
 Lab 5's ``02_adam_on_server`` that way once. ``tests/test_notebook_kernels.py`` shows the
 death (a kernel whose shell port is taken) and that these kernels have no port to take.
 
