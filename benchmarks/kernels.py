@@ -43,7 +43,7 @@ class _PrivateUnixSockets:
         self.ip = str(self.socket_folder / "ipc")  # the sockets are ip-1 ... ip-5
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
-        # Both managers' shutdown_kernel end here (jupyter_client 8.10, manager.py).
+        # Both managers' shutdown_kernel end here (jupyter_client 8.10, manager.py line 646).
         await super()._async_cleanup_resources(restart=restart)  # type: ignore[misc]
         if not restart:
             shutil.rmtree(self.socket_folder, ignore_errors=True)

@@ -39,6 +39,14 @@ def discover(root: Path = LABS) -> list[Path]:
 
 def execute(path: Path, env: dict[str, str], cell_timeout: float = 600) -> float:
     """Run the notebook at ``path`` top to bottom in a new kernel; return the seconds."""
+    return run_notebook(path, env, cell_timeout)[1]
+
+
+def run_notebook(
+    path: Path, env: dict[str, str], cell_timeout: float = 600
+) -> tuple[nbformat.NotebookNode, float]:
+    """Run the notebook at ``path`` top to bottom in a new kernel, from its folder, as
+    ``make test`` does; return it with its outputs, and the seconds its cells took."""
     nb = nbformat.read(path, as_version=4)
     nb.cells = [c for c in nb.cells if not SKIP_TAGS & set(c.get("metadata", {}).get("tags", []))]
     # The kernel's own warnings would bury the table; errors still show.
@@ -52,7 +60,7 @@ def execute(path: Path, env: dict[str, str], cell_timeout: float = 600) -> float
     )
     start = time.perf_counter()
     client.execute(env=env)
-    return time.perf_counter() - start
+    return nb, time.perf_counter() - start
 
 
 def _label(path: Path) -> str:

@@ -7,6 +7,7 @@ paths."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import uuid
@@ -21,7 +22,6 @@ from conftest import REPO, TEST_TAG, processes_matching
 
 import lab5_checks as checks
 import lab5_plots as plots
-from benchmarks.kernels import AsyncUnixSocketKernelManager
 from lab_utils import launch, models, tensordata
 from lab_utils.source import load_script
 
@@ -225,19 +225,12 @@ def test_elastic_refuses_mpirun(tmp_path):
 
 # ------------------------------------------------------------------ graphs notebook
 @pytest.mark.slow
-def test_graphs_notebook_writes_nothing_to_stderr(tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    monkeypatch.setenv("LABS_PROFILE", "quick")
-    monkeypatch.setenv("LABS_SOLUTIONS", "1")
-    nb = nbformat.read(LAB / "05_graphs.ipynb", as_version=4)
-    nbclient.NotebookClient(
-        nb,
-        timeout=300,
-        kernel_name="python3",
-        kernel_manager_class=AsyncUnixSocketKernelManager,
-        resources={"metadata": {"path": str(LAB)}},
-    ).execute()
+def test_graphs_notebook_writes_nothing_to_stderr():
+    pytest.importorskip("nbclient")
+    from benchmarks.notebooks import run_notebook
+
+    env = {**os.environ, "LABS_PROFILE": "quick", "LABS_SOLUTIONS": "1"}
+    nb, _ = run_notebook(LAB / "05_graphs.ipynb", env, cell_timeout=300)
     stderr = [
         (i, "".join(o.get("text", ""))[:300])
         for i, c in enumerate(nb.cells)

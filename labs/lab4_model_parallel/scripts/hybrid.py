@@ -162,9 +162,11 @@ def main() -> None:
     # ends by os._exit with Python's own status (sys.exit, atexit.register and
     # destroy_process_group are wrapped for it; lab_utils/gloo_exit.py says why)
     gloo_exit.arm()
-    # a group even alone: init_device_mesh would otherwise make one whose backend PyTorch
-    # picks lazily per device, and a CPU tensor's all-reduce (labdist.average) then finds
-    # none under CUDA ("No backend type associated with device type cpu", seen on an H200)
+    # a group even alone: init_device_mesh would otherwise make one with no backend named
+    # (torch 2.13, device_mesh.py line 441: init_process_group(); distributed_c10d.py
+    # line 1843: "undefined", made per device when first used), and a CPU tensor's
+    # all-reduce (labdist.average) then finds none under CUDA ("No backend type
+    # associated with device type cpu", seen on an H200)
     info = labdist.init(group_if_alone=True)
     mesh = init_device_mesh(info.device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_rank = mesh.get_local_rank("dp")
