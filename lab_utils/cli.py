@@ -183,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     if info.is_main:
         _save(args, model, trainer, result, seconds, info.world_size)
     labdist.shutdown()
+    if gloo_exit.armed():
+        # End here, through the armed sys.exit: `sys.exit(main())` (this module's last line,
+        # and pip's lab-train) looked sys.exit up before main() armed the hook, and Python's
+        # own SystemExit would leave the hook without the status (gloo_exit.UNKNOWN_STATUS).
+        sys.exit(0)
     return 0
 
 

@@ -33,6 +33,15 @@ exception, whose traceback is printed first, ``n`` for ``sys.exit(n)``). Where t
 status is not known for certain (``raise SystemExit``, Ctrl-C, a failed flush), Python
 exits as usual: a failure's status is never replaced. ``scripts/exit_soak.py`` measures
 the result (no abnormal exit in many runs of every distributed script).
+
+One way to lose it. ``sys.exit(main())`` with ``arm()`` inside ``main`` looks up
+``sys.exit`` before ``main()`` runs (Python evaluates the function before its argument),
+so the exit it calls is Python's own: the hook never learns the status, and the rank
+finalizes, where Gloo can still abort it. That happened once to the course's own trainer
+in CI ("terminate called without an active exception", rank 1 of ``mpirun -np 2``). When
+a ``SystemExit`` the armed ``sys.exit`` did not raise ends ``__main__``, the hook says so
+on stderr (:data:`UNKNOWN_STATUS`), with the fix: ``status = main()``, then
+``sys.exit(status)``, or ``sys.exit`` called inside ``main``.
 """
 
 from __future__ import annotations
@@ -54,6 +63,14 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 UPSTREAM = "https://github.com/pytorch/pytorch/pull/179291"
+
+# What the hook prints when a SystemExit it cannot read ended __main__ (the module's docstring).
+UNKNOWN_STATUS = (
+    "gloo_exit: __main__ ended by a SystemExit the armed sys.exit did not raise "
+    "(`raise SystemExit(...)`, or `sys.exit(main())`, which looked sys.exit up before main() "
+    "armed the hook), so its status is unknown and Python finalizes as usual, where a Gloo "
+    "thread can still abort this rank. Write `status = main()`, then `sys.exit(status)`."
+)
 
 _kept_groups: list[Any] = []  # destroyed groups: deleted by no one, joined by no one
 
@@ -215,6 +232,8 @@ def _exit_without_finalizing() -> None:
         return
     status = _exit_status(watch)
     if status is None:
+        if watch.main_frame is not None and getattr(sys, "last_value", None) is None:
+            print(UNKNOWN_STATUS, file=sys.stderr, flush=True)  # not Ctrl-C: a SystemExit
         watch.main_frame = None  # finalization then clears __main__ as it would unhooked
         return
     atexit.unregister(_exit_without_finalizing)

@@ -8,9 +8,12 @@ three again here proved nothing more (``launch.run``'s own wiring under each lau
 tests/test_launch.py's).
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from lab_utils import cli, launch, models
+from lab_utils import cli, gloo_exit, launch, models
 
 TINY = [
     "--dataset",
@@ -39,13 +42,17 @@ def test_single_process_trains_and_saves_a_rebuildable_checkpoint(tmp_path, caps
     assert 0.3 < ckpt["test_acc"] <= 1.0  # well above chance (0.1) after one short epoch
 
 
+# pip's console script (pyproject.toml's [project.scripts]): `sys.exit(main())` as its last line.
+LAB_TRAIN = Path(sys.executable).with_name("lab-train")
+
+
 @pytest.mark.launcher
 def test_under_torchrun(tmp_path):
+    """Through ``lab-train``, pip's wrapper: README's commands start ``-m lab_utils.cli``."""
     ck = tmp_path / "model.pt"
     result = launch.run(
-        "lab_utils.cli",
+        LAB_TRAIN,
         [*TINY, "--checkpoint", str(ck)],
-        module=True,
         nprocs=2,
         launcher="torchrun",
         timeout=180,
@@ -55,6 +62,8 @@ def test_under_torchrun(tmp_path):
     assert "world_size=2" in result.rank_output(0)
     assert "test accuracy" not in result.rank_output(1)  # only rank 0 reports
     assert models.load(ck).arch_spec["arch"] == "fmnist_cnn"
+    # each rank ended through the armed sys.exit, so the hook knew its status
+    assert gloo_exit.UNKNOWN_STATUS not in result.output
 
 
 def test_bad_dataset_is_rejected():

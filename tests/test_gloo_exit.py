@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from lab_utils import gloo_exit
+
 # What a rank's environment looks like under each launcher (the old import armed on these).
 LAUNCHED = {
     "torchrun": {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
@@ -135,10 +137,31 @@ def test_an_armed_rank_exits_with_pythons_own_status(tmp_path, code, status, fas
     assert ("finalized" not in done.stderr) == fast, done.stderr
     # every other exit handler runs once, those registered before the hook too
     assert done.stderr.count("handler before") == done.stderr.count("handler after") == 1
+    # a SystemExit the hook could not read is named, with its fix; Ctrl-C is not one
+    unread = not fast and "KeyboardInterrupt" not in code
+    assert (gloo_exit.UNKNOWN_STATUS in done.stderr) == unread, done.stderr
     if "RuntimeError" in code:
         assert "Traceback" in done.stderr and "RuntimeError: boom" in done.stderr
     if "KeyboardInterrupt" in code:
         assert "Traceback" in done.stderr and "KeyboardInterrupt" in done.stderr
+
+
+# main() arms the hook itself, as a script does: how __main__ ends decides whether the
+# hook learns the status. `sys.exit(main())` calls the sys.exit Python looked up before
+# main() ran, Python's own (the course's trainer did so, and aborted once in CI).
+MAIN_ARMS = "def main():\n    gloo_exit.arm()\n    return 3\n"
+LAST_LINES = {
+    "sys.exit(main())": ("sys.exit(main())", False),
+    "status = main(); sys.exit(status)": ("status = main()\nsys.exit(status)", True),
+}
+
+
+@pytest.mark.parametrize(("last", "fast"), LAST_LINES.values(), ids=LAST_LINES.keys())
+def test_a_main_that_arms_keeps_its_status_only_through_the_armed_exit(tmp_path, last, fast):
+    done = run_alone(tmp_path, MAIN_ARMS + last, armed=False)
+    assert done.returncode == 3, done.stderr
+    assert ("finalized" not in done.stderr) == fast, done.stderr
+    assert (gloo_exit.UNKNOWN_STATUS in done.stderr) != fast, done.stderr
 
 
 def test_an_armed_rank_flushes_the_files_it_left_open(tmp_path):
@@ -255,8 +278,6 @@ def test_the_arming_check_catches_what_it_names():
 
 def test_the_module_names_its_upstream_source():
     """The workaround carries the link to PyTorch's abandoned fix of the same cause."""
-    from lab_utils import gloo_exit
-
     assert gloo_exit.UPSTREAM == "https://github.com/pytorch/pytorch/pull/179291"
     assert gloo_exit.UPSTREAM in gloo_exit.__doc__
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from lab_utils import gloo_exit
+
 ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = ROOT / ".venv" / "bin"
 README_GLOBS = (
@@ -394,6 +396,8 @@ def check_cli_output(launcher: str, nprocs: int, output: str) -> None:
     )
     reports = output.count("test accuracy")
     assert reports == 1, f"{reports} reports of the test accuracy (only rank 0 reports)"
+    # a rank of `python -m lab_utils.cli` ends through the armed sys.exit (lab_utils/gloo_exit.py)
+    assert gloo_exit.UNKNOWN_STATUS not in output, output[-1500:]
 
 
 def needs(command: Command) -> list[pytest.MarkDecorator]:
@@ -510,6 +514,8 @@ def test_the_cli_output_check_fails_for_every_rank_reporting() -> None:
         check_cli_output("mpirun", 2, one + "test accuracy 80.00% (loss 0.5)\n")
     with pytest.raises(AssertionError, match="did not report"):
         check_cli_output("mpirun", 2, one.replace("mpirun world_size=2", "single world_size=1"))
+    with pytest.raises(AssertionError, match="gloo_exit"):  # a rank the hook could not end
+        check_cli_output("mpirun", 2, one + gloo_exit.UNKNOWN_STATUS + "\n")
     readme = Command("README.md", 1, "mpirun -np 2 python -m lab_utils.cli --epochs 1", "")
     assert cli_launch(readme) == ("mpirun", 2)
     assert cli_launch(Command("README.md", 1, "lab-train --epochs 4", "")) is None
