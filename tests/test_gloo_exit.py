@@ -232,6 +232,31 @@ def arming(source: str) -> tuple[list[int], list[int], list[int]]:
     return sorted(n for n, _ in arms), sorted(early), bare
 
 
+def unread_exits(source: str) -> list[int]:
+    """Lines that end a program by a ``SystemExit`` the armed ``sys.exit`` does not raise:
+    ``raise SystemExit``, and at module level ``sys.exit(main())``, whose ``sys.exit``
+    Python looks up before ``main()`` arms the hook."""
+    tree, found = ast.parse(source), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            called = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if getattr(called, "id", "") == "SystemExit":
+                found.append(node.lineno)
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    inside = {id(c) for f in functions for c in ast.walk(f)}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and id(node) not in inside
+            and _call_name(node) == "exit"
+            and any(isinstance(a, ast.Call) for a in node.args)
+        ):
+            found.append(node.lineno)
+    return sorted(found)
+
+
 def joins_a_group(source: str) -> bool:
     return any(isinstance(n, ast.Call) and _is_join(n) for n in ast.walk(ast.parse(source)))
 
@@ -246,6 +271,8 @@ def test_a_script_that_joins_a_group_arms_the_hook_once_visibly(path: Path):
     assert len(arms) == 1, f"{path.name} joins a group: arm the Gloo exit hook once ({arms})"
     assert not early, f"{path.name}: the group is left at line {early[0]}, before gloo_exit.arm()"
     assert not bare, f"{path.name}: say why above gloo_exit.arm() (line {bare[0]})"
+    unread = unread_exits(source)
+    assert not unread, f"{path.name}: line {unread[0]} ends by a SystemExit the hook cannot read"
 
 
 def test_no_library_module_arms_the_hook():
@@ -274,6 +301,11 @@ def test_the_arming_check_catches_what_it_names():
     )
     assert arming(helper) == ([5], [], [])
     assert not joins_a_group("hvd.init()\n")
+    ends = (
+        "def main():\n    raise SystemExit('x')\nif __name__ == '__main__':\n    sys.exit(main())\n"
+    )
+    assert unread_exits(ends) == [2, 4]
+    assert unread_exits("def main():\n    sys.exit(str(1))\nmain()\nsys.exit(f'{1}')\n") == []
 
 
 def test_the_module_names_its_upstream_source():

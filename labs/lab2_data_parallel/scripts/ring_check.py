@@ -11,6 +11,7 @@ Events (rank 0 emits them; a notebook reads them with ``result.event(name)``):
 """
 
 import argparse
+import sys
 import time
 from functools import partial
 
@@ -136,7 +137,7 @@ def main() -> None:
     gloo_exit.arm()
     info = labdist.init()
     if info.world_size < 2:
-        raise SystemExit("run me with at least 2 processes (torchrun --nproc-per-node 2 ...)")
+        sys.exit("run me with at least 2 processes (torchrun --nproc-per-node 2 ...)")
     # Every rank takes part in creating every group, members or not.
     groups = {size: dist.new_group(list(range(size))) for size in range(2, info.world_size + 1)}
     for size, group in groups.items():

@@ -34,6 +34,7 @@ import argparse
 import os
 import signal
 import statistics
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -85,7 +86,7 @@ def require_torchrun() -> None:
     its own, writing the same checkpoint, and nothing would ever restart."""
     launcher = labdist.detect().launcher
     if launcher != "torchrun" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        raise SystemExit(
+        sys.exit(
             f"elastic_train.py needs torchrun's agent, which restarts the job after a failure; "
             f"it was started by {launcher!r}. Run it as: torchrun --standalone --nproc-per-node 2 "
             "--max-restarts 1 scripts/elastic_train.py"
@@ -103,7 +104,7 @@ def checkpoint_dir(arg: str) -> Path:
 def refuse_stale(ckpt: Path, attempt: int, resume: bool) -> None:
     """A first attempt that found a checkpoint would resume another job's training."""
     if attempt == 0 and ckpt.exists() and not resume:
-        raise SystemExit(
+        sys.exit(
             f"{ckpt} already holds a checkpoint from an earlier run: pass a fresh "
             "--ckpt-dir, or --resume to continue from it"
         )
