@@ -142,6 +142,8 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train and test as the options say; 0 when done. A rank of a launched job (it
+    armed ``gloo_exit``) does not return: it ends through the armed ``sys.exit(0)``."""
     args = parse_args(argv)
     prof = lprofile.current(args.profile)
     info = labdist.init()

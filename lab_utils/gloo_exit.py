@@ -35,13 +35,16 @@ exits as usual: a failure's status is never replaced. ``scripts/exit_soak.py`` m
 the result (no abnormal exit in many runs of every distributed script).
 
 One way to lose it. ``sys.exit(main())`` with ``arm()`` inside ``main`` looks up
-``sys.exit`` before ``main()`` runs (Python evaluates the function before its argument),
-so the exit it calls is Python's own: the hook never learns the status, and the rank
-finalizes, where Gloo can still abort it. That happened once to the course's own trainer
-in CI ("terminate called without an active exception", rank 1 of ``mpirun -np 2``). When
-a ``SystemExit`` the armed ``sys.exit`` did not raise ends ``__main__``, the hook says so
-on stderr (:data:`UNKNOWN_STATUS`), with the fix: ``status = main()``, then
-``sys.exit(status)``, or ``sys.exit`` called inside ``main``.
+``sys.exit`` before ``main()`` runs (Python evaluates the function before its arguments:
+the Python Language Reference, 6.3.4 "Calls" and 6.16 "Evaluation order"), so the exit it
+calls is Python's own: the hook never reads the status, and the rank finalizes, where
+Gloo can still abort it. That happened once to the course's own trainer in CI ("terminate
+called without an active exception", rank 1 of ``mpirun -np 2``). ``raise SystemExit``,
+``exit()`` and ``quit()`` are the same; so is a ``SystemExit`` that something keeps alive
+past the end of ``__main__``. When a ``SystemExit`` whose status the hook could not read
+ended ``__main__``, the hook says so on stderr (:data:`UNKNOWN_STATUS`), with the fix:
+exit with ``sys.exit(...)``, and end the script with ``main()``, or ``status = main()``
+then ``sys.exit(status)``.
 """
 
 from __future__ import annotations
@@ -66,10 +69,12 @@ UPSTREAM = "https://github.com/pytorch/pytorch/pull/179291"
 
 # What the hook prints when a SystemExit it cannot read ended __main__ (the module's docstring).
 UNKNOWN_STATUS = (
-    "gloo_exit: __main__ ended by a SystemExit the armed sys.exit did not raise "
-    "(`raise SystemExit(...)`, or `sys.exit(main())`, which looked sys.exit up before main() "
-    "armed the hook), so its status is unknown and Python finalizes as usual, where a Gloo "
-    "thread can still abort this rank. Write `status = main()`, then `sys.exit(status)`."
+    "gloo_exit: __main__ ended by a SystemExit whose status the hook could not read "
+    "(`raise SystemExit`, `exit()`, `quit()`, or `sys.exit(main())`, which looked sys.exit "
+    "up before main() armed the hook), so Python exits with that status the usual way, "
+    "finalizing, where a Gloo thread can still abort this rank. Exit with `sys.exit(...)`, "
+    "and end the script with `main()`, or `status = main()` then `sys.exit(status)` "
+    "(lab_utils/gloo_exit.py says why)."
 )
 
 _kept_groups: list[Any] = []  # destroyed groups: deleted by no one, joined by no one

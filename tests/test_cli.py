@@ -8,7 +8,7 @@ three again here proved nothing more (``launch.run``'s own wiring under each lau
 tests/test_launch.py's).
 """
 
-import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -43,12 +43,13 @@ def test_single_process_trains_and_saves_a_rebuildable_checkpoint(tmp_path, caps
 
 
 # pip's console script (pyproject.toml's [project.scripts]): `sys.exit(main())` as its last line.
-LAB_TRAIN = Path(sys.executable).with_name("lab-train")
+LAB_TRAIN = Path(sysconfig.get_path("scripts")) / "lab-train"
 
 
 @pytest.mark.launcher
 def test_under_torchrun(tmp_path):
     """Through ``lab-train``, pip's wrapper: README's commands start ``-m lab_utils.cli``."""
+    assert LAB_TRAIN.is_file(), f"{LAB_TRAIN} is missing: install the course (make setup)"
     ck = tmp_path / "model.pt"
     result = launch.run(
         LAB_TRAIN,

@@ -234,14 +234,18 @@ def arming(source: str) -> tuple[list[int], list[int], list[int]]:
 
 def unread_exits(source: str) -> list[int]:
     """Lines that end a program by a ``SystemExit`` the armed ``sys.exit`` does not raise:
-    ``raise SystemExit``, and at module level ``sys.exit(main())``, whose ``sys.exit``
-    Python looks up before ``main()`` arms the hook."""
+    ``raise SystemExit``, the ``exit``/``quit`` builtins, and at module level
+    ``sys.exit(main())``, whose ``sys.exit`` Python looks up before ``main()`` arms the hook
+    (a call anywhere in its argument). A ``sys.exit(main())`` inside another function is not
+    seen; the course's programs have none."""
     tree, found = ast.parse(source), []
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:
             called = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             if getattr(called, "id", "") == "SystemExit":
                 found.append(node.lineno)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("exit", "quit"):
+            found.append(node.lineno)
     functions = [
         n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
     ]
@@ -250,8 +254,9 @@ def unread_exits(source: str) -> list[int]:
         if (
             isinstance(node, ast.Call)
             and id(node) not in inside
-            and _call_name(node) == "exit"
-            and any(isinstance(a, ast.Call) for a in node.args)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "exit"
+            and any(isinstance(n, ast.Call) for a in node.args for n in ast.walk(a))
         ):
             found.append(node.lineno)
     return sorted(found)
@@ -305,6 +310,7 @@ def test_the_arming_check_catches_what_it_names():
         "def main():\n    raise SystemExit('x')\nif __name__ == '__main__':\n    sys.exit(main())\n"
     )
     assert unread_exits(ends) == [2, 4]
+    assert unread_exits("sys.exit(main() or 0)\ndef main():\n    exit(2)\n") == [1, 3]
     assert unread_exits("def main():\n    sys.exit(str(1))\nmain()\nsys.exit(f'{1}')\n") == []
 
 
